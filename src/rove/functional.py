@@ -1,0 +1,259 @@
+"""Functional attention with a position mode: ``nope``, ``rope`` or ``rove``.
+
+    y_i = R_(-p_i) sum_j A_ij R_(p_j) v_j = sum_j A_ij R_(p_j - p_i) v_j        (rove)
+
+RoVE rotates each value by its key's rotation, runs *ordinary* attention, and rotates the output
+back into the query's frame. Both rotations sit outside the attention kernel, so this module
+hands the rotated tensors to ``torch.nn.functional.scaled_dot_product_attention`` unchanged
+(FlashAttention / memory-efficient backends on GPU).
+
+Notable features:
+- GQA / MQA: fewer KV heads than query heads; values are rotated once per KV head.
+- Shared KV (DeepSeek-V4 style): pass ``v=None`` and the keys serve as values; with partial
+  rotary, RoVE then inverse-rotates exactly the rotated channels of the output.
+- Packed sequences: ``doc_ids`` forbid attention across documents; give per-document positions
+  (``positions_from_doc_ids``) so each document starts at position 0.
+- The YaRN temperature multiplies the logits (through SDPA's ``scale``), never the V/O tables.
+
+The three stages (``rotate_inputs``, ``attend``, ``rotate_output``) are public so that a layer
+with a KV cache can store rotated keys *and rotated values* between them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from rove.kernels import rotate
+from rove.rotary import Rotary, check_positions
+
+__all__ = [
+    "MODES",
+    "Mode",
+    "attend",
+    "attention",
+    "document_mask",
+    "positions_from_doc_ids",
+    "rotate_inputs",
+    "rotate_output",
+]
+
+Mode = Literal["nope", "rope", "rove"]
+MODES: tuple[str, ...] = ("nope", "rope", "rove")
+
+Tables = tuple[torch.Tensor, torch.Tensor]
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown position mode {mode!r}; choose one of {MODES}")
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(
+                f"{name} must have shape (batch, heads, seq, head_dim), got {tuple(t.shape)}"
+            )
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    others = [("k", k)] + ([("v", v)] if v is not None else [])
+    for name, t in others:
+        if t.dtype != q.dtype:
+            raise TypeError(f"q and {name} dtypes differ: {q.dtype} vs {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"q and {name} are on different devices: {q.device} vs {t.device}")
+        if t.shape[0] != q.shape[0]:
+            raise ValueError(f"q and {name} batch sizes differ: {q.shape[0]} vs {t.shape[0]}")
+        if t.shape[-1] != q.shape[-1]:
+            raise ValueError(f"q and {name} head dims differ: {q.shape[-1]} vs {t.shape[-1]}")
+    if v is not None and v.shape != k.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})"
+        )
+
+
+def positions_from_doc_ids(doc_ids: torch.Tensor) -> torch.Tensor:
+    """Positions that restart at 0 at every document boundary of ``doc_ids`` ``(B, T)``.
+
+    Documents are maximal runs of equal ids along the sequence.
+    """
+    if doc_ids.ndim != 2:
+        raise ValueError(f"doc_ids must have shape (batch, seq), got {tuple(doc_ids.shape)}")
+    seq = doc_ids.shape[1]
+    idx = torch.arange(seq, device=doc_ids.device).expand_as(doc_ids)
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    start_idx = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - start_idx
+
+
+def document_mask(
+    q_doc_ids: torch.Tensor | None,
+    k_doc_ids: torch.Tensor | None,
+    q_len: int,
+    k_len: int,
+    causal: bool,
+    device: torch.device,
+) -> torch.Tensor:
+    """Boolean mask ``(B or 1, 1, Tq, Tk)``, True where a query may attend to a key.
+
+    Causality aligns the last query with the last key (query ``t`` sits at key index
+    ``k_len - q_len + t``), which is what decoding with a KV cache needs.
+    """
+    mask = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=device)
+    if causal:
+        qi = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        kj = torch.arange(k_len, device=device)[None, :]
+        mask = mask & (kj <= qi)
+    if q_doc_ids is not None and k_doc_ids is not None:
+        mask = mask & (q_doc_ids[:, None, :, None] == k_doc_ids[:, None, None, :])
+    return mask
+
+
+def _tables(rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype, seq_len: int) -> Tables:
+    table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    return rotary.tables(positions, table_dtype, seq_len=seq_len)
+
+
+def rotate_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor | None,
+    *,
+    mode: Mode,
+    rotary: Rotary,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Tables | None]:
+    """Stage 1: rotate q and k (rope, rove) and v (rove); ``v=None`` means shared KV (v = k).
+
+    Returns ``(q, k, v, q_tables)``; ``q_tables`` (cos, sin at the query positions) is what
+    ``rotate_output`` needs under RoVE, else None.
+    """
+    if mode == "nope":
+        return q, k, k if v is None else v, None
+    seq_len = max(q.shape[2], k.shape[2])
+    q_tab = _tables(rotary, q_positions, q.dtype, seq_len)
+    k_tab = q_tab if k_positions is q_positions else _tables(rotary, k_positions, k.dtype, seq_len)
+    conv = rotary.convention
+    q_rot = rotate(q, *q_tab, convention=conv)
+    k_rot = rotate(k, *k_tab, convention=conv)
+    if v is None:  # shared KV: the values are the (rotated under RoVE) keys
+        v_rot = k_rot if mode == "rove" else k
+    else:
+        v_rot = rotate(v, *k_tab, convention=conv) if mode == "rove" else v
+    return q_rot, k_rot, v_rot, q_tab if mode == "rove" else None
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Stage 2: plain SDPA on already-rotated tensors ``(B, H, T, D)``, GQA included.
+
+    With ``mask=None`` and ``causal``, the mask is the bottom-right aligned causal one.
+    """
+    q_len, k_len = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None and causal and q_len != k_len and q_len > 1:
+        mask = document_mask(None, None, q_len, k_len, True, q.device)
+    is_causal = causal and mask is None and q_len > 1
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa
+    )
+
+
+def rotate_output(out: torch.Tensor, q_tables: Tables | None, rotary: Rotary) -> torch.Tensor:
+    """Stage 3: RoVE's ``R_(-p_i)`` on the attention output ``(B, H, Tq, D)``; identity otherwise."""
+    if q_tables is None:
+        return out
+    return rotate(out, *q_tables, convention=rotary.convention, inverse=True)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor | None = None,
+    *,
+    mode: Mode = "rove",
+    causal: bool = True,
+    rotary: Rotary | None = None,
+    q_positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
+    doc_ids: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Scaled dot-product attention with RoPE / RoVE / no position encoding.
+
+    Arguments:
+        q: ``(B, Hq, Tq, D)`` queries.
+        k: ``(B, Hkv, Tk, D)`` keys; ``Hq`` must be a multiple of ``Hkv`` (GQA / MQA).
+        v: ``(B, Hkv, Tk, D)`` values, or ``None`` for shared KV (the keys serve as values).
+        mode: ``"nope"``, ``"rope"`` (rotate q, k) or ``"rove"`` (also v, and the output back).
+        causal: causal mask; with ``Tq < Tk`` the last query lines up with the last key.
+        rotary: the rotary spec; default ``Rotary(D)`` (all channels, base 10000, half-split).
+        q_positions: ``(Tq,)`` or ``(B, Tq)`` integer positions; default ``Tk - Tq .. Tk - 1``.
+        k_positions: ``(Tk,)`` or ``(B, Tk)``; default ``0 .. Tk - 1``.
+        doc_ids: ``(B, T)`` document ids of packed sequences (needs ``Tq == Tk``); no attention
+            across documents. Pair with ``positions_from_doc_ids``.
+        scale: softmax scale; default ``1/sqrt(D)`` times the rotary schedule's logit scale
+            (YaRN temperature) in rope/rove modes.
+    Returns:
+        ``(B, Hq, Tq, D)``, in the query's frame under RoVE.
+    """
+    check_mode(mode)
+    _check_qkv(q, k, v)
+    head_dim, q_len, k_len = q.shape[-1], q.shape[2], k.shape[2]
+    if rotary is None:
+        rotary = _default_rotary(head_dim) if mode != "nope" else None
+    elif rotary.head_dim != head_dim:
+        raise ValueError(f"rotary.head_dim is {rotary.head_dim} but q has head dim {head_dim}")
+    if mode != "nope" and head_dim % 2:
+        raise ValueError(f"rotary modes need an even head dim, got {head_dim}")
+    if q_positions is None:
+        q_positions = torch.arange(k_len - q_len, k_len, device=q.device)
+    if k_positions is None:
+        k_positions = q_positions if k_len == q_len else torch.arange(k_len, device=q.device)
+    check_positions(q_positions, q_len, "q_positions")
+    check_positions(k_positions, k_len, "k_positions")
+    mask = None
+    if doc_ids is not None:
+        if doc_ids.shape != (q.shape[0], k_len) or q_len != k_len:
+            raise ValueError(
+                f"doc_ids must have shape (batch, seq) = {(q.shape[0], k_len)} with Tq == Tk, "
+                f"got {tuple(doc_ids.shape)} for Tq={q_len}"
+            )
+        mask = document_mask(doc_ids, doc_ids, q_len, k_len, causal, q.device)
+    if scale is None:
+        scale = 1 / math.sqrt(head_dim) * (rotary.logit_scale if rotary is not None else 1.0)
+    q, k, v, q_tab = rotate_inputs(
+        q, k, v, mode=mode, rotary=rotary, q_positions=q_positions, k_positions=k_positions
+    )
+    out = attend(q, k, v, causal=causal, scale=scale, mask=mask)
+    return rotate_output(out, q_tab, rotary)
+
+
+_DEFAULT_ROTARIES: dict[int, Rotary] = {}
+
+
+def _default_rotary(head_dim: int) -> Rotary:
+    if head_dim not in _DEFAULT_ROTARIES:
+        if head_dim % 2:
+            raise ValueError(f"rotary modes need an even head dim, got {head_dim}")
+        _DEFAULT_ROTARIES[head_dim] = Rotary(head_dim)
+    return _DEFAULT_ROTARIES[head_dim]

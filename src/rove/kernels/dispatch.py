@@ -1,0 +1,125 @@
+"""Backend choice for the rotations: fused Triton kernels on CUDA, pure torch elsewhere.
+
+The choice is made per call from the tensor's device, unless forced with ``use_backend`` (tests
+use it to run the Triton path under ``TRITON_INTERPRET=1`` on CPU, benchmarks to compare both).
+Every backend exposes the same call, so model code never branches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import Iterator
+
+import torch
+
+from rove.kernels.torch_rotary import rotate_torch, split_rotate_qkv_torch, unrotate_output_torch
+from rove.rotary.rotation import Convention
+
+__all__ = [
+    "BACKENDS",
+    "get_backend",
+    "rotate",
+    "split_rotate_qkv",
+    "triton_available",
+    "unrotate_output",
+    "use_backend",
+]
+
+BACKENDS = ("auto", "torch", "triton")
+_backend = os.environ.get("ROVE_KERNELS", "auto")
+
+
+def triton_available() -> bool:
+    """True when the Triton package can be imported (it is an optional extra)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def get_backend() -> str:
+    return _backend
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Force ``"torch"`` or ``"triton"`` (or ``"auto"``) for the rotations inside the block."""
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKENDS}")
+    if name == "triton" and not triton_available():
+        raise RuntimeError(
+            "the triton backend needs the `triton` package: pip install rove[triton]"
+        )
+    previous, _backend = _backend, name
+    try:
+        yield
+    finally:
+        _backend = previous
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    if _backend == "auto":
+        return x.is_cuda and triton_available()
+    return _backend == "triton"
+
+
+def rotate(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    convention: Convention = "half",
+    inverse: bool = False,
+) -> torch.Tensor:
+    """Rotate ``x`` ``(B, H, T, D)`` by ``R_p`` (or ``R_(-p)`` with ``inverse``), differentiably.
+
+    Arguments:
+        x: queries, keys, values or attention outputs, ``(B, H, T, D)`` (or ``(H, T, D)``, ``(T, D)``).
+        cos, sin: tables ``(T, r/2)`` or ``(B, T, r/2)`` from ``Rotary.tables``; the first ``r``
+            channels of each head are rotated, the rest pass through.
+    """
+    if _use_triton(x):
+        from rove.kernels.triton_rotary import rotate_triton
+
+        return rotate_triton(x, cos, sin, convention=convention, inverse=inverse)
+    return rotate_torch(x, cos, sin, convention=convention, inverse=inverse)
+
+
+def split_rotate_qkv(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    n_head: int,
+    n_kv_head: int,
+    rotate_v: bool,
+    shared_kv: bool = False,
+    convention: Convention = "half",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused projection ``(B, T, width)`` -> rotated q, k, v ``(B, H, T, D)`` for SDPA.
+
+    See ``rove.kernels.torch_rotary.split_rotate_qkv_torch`` for the layout.
+    """
+    kwargs = dict(
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        rotate_v=rotate_v,
+        shared_kv=shared_kv,
+        convention=convention,
+    )
+    if _use_triton(qkv):
+        from rove.kernels.triton_rotary import split_rotate_qkv_triton
+
+        return split_rotate_qkv_triton(qkv, cos, sin, **kwargs)
+    return split_rotate_qkv_torch(qkv, cos, sin, **kwargs)
+
+
+def unrotate_output(
+    o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, convention: Convention = "half"
+) -> torch.Tensor:
+    """Attention output ``(B, H, T, D)`` -> ``R_(-i)``-rotated ``(B, T, H * D)`` for the out-projection."""
+    if _use_triton(o):
+        from rove.kernels.triton_rotary import unrotate_output_triton
+
+        return unrotate_output_triton(o, cos, sin, convention=convention)
+    return unrotate_output_torch(o, cos, sin, convention=convention)

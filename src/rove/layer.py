@@ -1,0 +1,157 @@
+"""``RoveAttention``: a multi-head attention layer with a position mode, GQA and a KV cache.
+
+One fused projection produces q, k and v; the rotations run through ``rove.kernels`` (fused
+Triton on CUDA: the QKV split, rotation and transpose in one launch, and the output un-rotation
+fused with the transpose back), and attention itself is ``torch`` SDPA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from rove.functional import Mode, attend, check_mode, document_mask
+from rove.kernels import split_rotate_qkv, unrotate_output
+from rove.kv_cache import KVCache
+from rove.rotary import Rotary, check_positions
+
+__all__ = ["RoveAttention", "split_heads"]
+
+
+def split_heads(
+    qkv: torch.Tensor, n_head: int, n_kv_head: int, shared_kv: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused projection ``(B, T, width)`` -> unrotated ``(B, H, T, D)`` views q, k, v."""
+    bsz, seq, width = qkv.shape
+    n_total = n_head + (1 if shared_kv else 2) * n_kv_head
+    heads = qkv.view(bsz, seq, n_total, width // n_total).transpose(1, 2)  # (B, H_total, T, D)
+    q, k = heads[:, :n_head], heads[:, n_head : n_head + n_kv_head]
+    v = k if shared_kv else heads[:, n_head + n_kv_head :]
+    return q, k, v
+
+
+class RoveAttention(nn.Module):
+    """Causal self-attention with ``mode`` in ``nope | rope | rove``.
+
+    Arguments:
+        d_model: model width.
+        n_head: query heads.
+        n_kv_head: key/value heads (GQA / MQA); default ``n_head``.
+        head_dim: channels per head; default ``d_model // n_head``.
+        mode: position mode.
+        shared_kv: one projection serves as keys and values (K = V, DeepSeek-V4 style).
+        rotary: rotary spec (partial rotary, base, convention, scaling); default ``Rotary(head_dim)``.
+        causal: causal masking.
+        bias: bias in the projections.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        n_kv_head: int | None = None,
+        *,
+        head_dim: int | None = None,
+        mode: Mode = "rove",
+        shared_kv: bool = False,
+        rotary: Rotary | None = None,
+        causal: bool = True,
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        check_mode(mode)
+        n_kv_head = n_head if n_kv_head is None else n_kv_head
+        if n_head % n_kv_head:
+            raise ValueError(
+                f"n_head ({n_head}) must be a multiple of n_kv_head ({n_kv_head}) for GQA"
+            )
+        if head_dim is None:
+            if d_model % n_head:
+                raise ValueError(f"d_model ({d_model}) is not divisible by n_head ({n_head})")
+            head_dim = d_model // n_head
+        if mode != "nope":
+            rotary = Rotary(head_dim) if rotary is None else rotary
+            if rotary.head_dim != head_dim:
+                raise ValueError(f"rotary.head_dim {rotary.head_dim} != head_dim {head_dim}")
+        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
+        self.mode, self.shared_kv, self.causal = mode, shared_kv, causal
+        self.rotary = rotary
+        n_proj = n_head + (1 if shared_kv else 2) * n_kv_head
+        self.qkv = nn.Linear(d_model, n_proj * head_dim, bias=bias)
+        self.proj = nn.Linear(n_head * head_dim, d_model, bias=bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"mode={self.mode!r}, n_head={self.n_head}, n_kv_head={self.n_kv_head}, "
+            f"head_dim={self.head_dim}, shared_kv={self.shared_kv}, rotary={self.rotary}"
+        )
+
+    def tables(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos/sin at ``positions``; a model computes these once for all its layers."""
+        assert self.rotary is not None
+        return self.rotary.tables(positions, torch.float32, seq_len=seq_len)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
+        tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: KVCache | None = None,
+        layer_idx: int = 0,
+    ) -> torch.Tensor:
+        """``x`` ``(B, T, C)`` -> ``(B, T, C)``.
+
+        Arguments:
+            positions: ``(T,)`` or ``(B, T)``; default ``cache.length + arange(T)``.
+            doc_ids: ``(B, T)`` document ids of packed sequences (not with a cache).
+            tables: precomputed ``(cos, sin)`` at ``positions`` (skips recomputing them).
+            cache: KV cache to read and extend (its ``length`` is advanced by the caller).
+            layer_idx: this layer's slot in the cache.
+        """
+        if x.ndim != 3:
+            raise ValueError(f"x must have shape (batch, seq, d_model), got {tuple(x.shape)}")
+        bsz, seq, _ = x.shape
+        offset = cache.length if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(offset, offset + seq, device=x.device)
+        else:
+            check_positions(positions, seq)
+        qkv = self.qkv(x)  # (B, T, (Hq + 2 Hkv) D)
+        if self.mode == "nope":
+            q, k, v = split_heads(qkv, self.n_head, self.n_kv_head, self.shared_kv)
+            scale = 1 / math.sqrt(self.head_dim)
+        else:
+            assert self.rotary is not None
+            if tables is None:
+                tables = self.tables(positions, seq_len=offset + seq)
+            q, k, v = split_rotate_qkv(
+                qkv,
+                *tables,
+                n_head=self.n_head,
+                n_kv_head=self.n_kv_head,
+                rotate_v=self.mode == "rove",
+                shared_kv=self.shared_kv,
+                convention=self.rotary.convention,
+            )
+            scale = self.rotary.logit_scale / math.sqrt(self.head_dim)
+        mask = None
+        if doc_ids is not None:
+            if cache is not None:
+                raise ValueError("doc_ids (packed sequences) cannot be combined with a KV cache")
+            if doc_ids.shape != (bsz, seq):
+                raise ValueError(
+                    f"doc_ids must have shape {(bsz, seq)}, got {tuple(doc_ids.shape)}"
+                )
+            mask = document_mask(doc_ids, doc_ids, seq, seq, self.causal, x.device)
+        if cache is not None:
+            k, v = cache.update(layer_idx, k, v)
+        out = attend(q, k, v, causal=self.causal, scale=scale, mask=mask)  # (B, Hq, T, D)
+        if self.mode == "rove":
+            y = unrotate_output(out, *tables, convention=self.rotary.convention)
+        else:
+            y = out.transpose(1, 2).reshape(bsz, seq, self.n_head * self.head_dim)
+        return self.proj(y)

@@ -1,0 +1,266 @@
+"""A GPT-2 style decoder whose only moving part is the position encoding.
+
+``pos`` selects learned absolute positions, NoPE, RoPE or RoVE (optionally with shared K = V and
+partial rotary); everything else is GPT-2 (pre-LayerNorm blocks, GELU MLP, tied embeddings), so a
+RoPE vs RoVE comparison changes exactly one thing.
+
+Notable features:
+- cos/sin tables are computed once per forward (float64 angles) and shared by all layers.
+- ``token_nll`` computes the LM head in chunks, so long-context evaluation of a 50k vocabulary
+  never materialises ``(B, T, V)`` logits.
+- ``generate`` decodes with a ``KVCache`` of rotated keys and rotated values, and equals
+  uncached generation.
+- ``rope_scaling`` swaps in YaRN / NTK / linear frequencies at inference (relative to
+  ``block_size``); the YaRN temperature goes to the logits only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from rove.kv_cache import KVCache
+from rove.layer import RoveAttention
+from rove.model.config import GPTConfig
+from rove.rotary import Rotary
+
+__all__ = ["GPT", "SCALING_KINDS"]
+
+SCALING_KINDS = ("yarn", "ntk", "linear", "dynamic-ntk")
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, rotary: Rotary | None) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = RoveAttention(
+            cfg.n_embd,
+            cfg.n_head,
+            cfg.n_kv_head,
+            mode="nope" if cfg.pos == "learned" else cfg.pos,
+            shared_kv=cfg.shared_kv,
+            rotary=rotary,
+            bias=cfg.bias,
+        )
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, **attn_kwargs: object) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x), **attn_kwargs))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2 style language model. ``forward(idx)`` gives logits, ``forward(idx, targets)`` the loss."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.rotary = (
+            Rotary(
+                config.head_dim,
+                config.rotary_dim,
+                base=config.rope_base,
+                convention=config.rope_convention,  # type: ignore[arg-type]
+            )
+            if config.pos in ("rope", "rove")
+            else None
+        )
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = (
+            nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" else None
+        )
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, self.rotary) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.wte.weight
+        self.apply(self._init_weights)
+        # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.proj.weight", "mlp.c_proj.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; by default without the (tied) token and position embeddings."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.wte.weight.numel()
+            if self.wpe is not None:
+                n -= self.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (6N + attention), as in the PaLM appendix, for MFU."""
+        cfg = self.config
+        seq_len = seq_len or cfg.block_size
+        n = self.num_params(non_embedding=False)
+        return 6 * n + 12 * cfg.n_layer * cfg.n_embd * seq_len
+
+    def hidden(
+        self,
+        idx: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Final (normed) hidden states ``(B, T, C)`` of token ids ``idx`` ``(B, T)``."""
+        if idx.ndim != 2 or idx.dtype not in (torch.int32, torch.int64):
+            raise ValueError(
+                f"idx must be an integer tensor (batch, seq), got {idx.dtype} {tuple(idx.shape)}"
+            )
+        seq = idx.shape[1]
+        offset = cache.length if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(offset, offset + seq, device=idx.device)
+        x = self.wte(idx)
+        tables = None
+        if self.wpe is not None:
+            top = int(positions.max()) + 1 if positions.numel() else 0
+            if top > self.config.block_size:
+                raise ValueError(
+                    f"position {top - 1} is beyond the learned position table "
+                    f"(block_size {self.config.block_size}); rotary models can go further"
+                )
+            x = x + self.wpe(positions)
+        elif self.rotary is not None:
+            tables = self.rotary.tables(positions, torch.float32, seq_len=offset + seq)
+        x = self.drop(x)
+        for i, block in enumerate(self.blocks):
+            x = block(
+                x, positions=positions, doc_ids=doc_ids, tables=tables, cache=cache, layer_idx=i
+            )
+        if cache is not None:
+            cache.advance(seq)
+        return self.ln_f(x)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits ``(B, T, V)``, or with ``targets`` ``(B, T)`` the mean cross-entropy (-1 ignored)."""
+        h = self.hidden(idx, positions=positions, doc_ids=doc_ids)
+        logits = self.lm_head(h)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+
+    def token_nll(
+        self, idx: torch.Tensor, targets: torch.Tensor, *, chunk_size: int = 1024
+    ) -> torch.Tensor:
+        """Per-token cross-entropy ``(B, T)`` in float32 (0 where ``targets == -1``).
+
+        The LM head runs on ``chunk_size`` positions at a time to bound memory at long lengths.
+        """
+        h = self.hidden(idx)
+        out = torch.empty(targets.shape, dtype=torch.float32, device=h.device)
+        for s in range(0, h.shape[1], chunk_size):
+            logits = self.lm_head(h[:, s : s + chunk_size]).float()
+            tgt = targets[:, s : s + chunk_size]
+            out[:, s : s + chunk_size] = F.cross_entropy(
+                logits.transpose(1, 2), tgt, ignore_index=-1, reduction="none"
+            )
+        return out
+
+    @contextlib.contextmanager
+    def rope_scaling(self, kind: str | None, factor: float) -> Iterator[None]:
+        """Inference-time frequency scaling relative to ``block_size`` inside the block.
+
+        ``kind`` is None, "yarn", "ntk", "linear" or "dynamic-ntk"; ``factor <= 1`` or a model
+        without rotary leaves the model unchanged.
+        """
+        if kind is not None and kind not in SCALING_KINDS:
+            raise ValueError(f"unknown rope scaling {kind!r}; choose one of {SCALING_KINDS}")
+        if self.rotary is None or kind is None or factor <= 1:
+            yield
+            return
+        scaling: dict[str, object] = {"type": kind, "factor": float(factor)}
+        if kind in ("yarn", "dynamic-ntk"):
+            scaling["original_max_position"] = self.config.block_size
+        original = self.rotary
+        self._set_rotary(original.with_scaling(scaling))
+        try:
+            yield
+        finally:
+            self._set_rotary(original)
+
+    def _set_rotary(self, rotary: Rotary) -> None:
+        self.rotary = rotary
+        for block in self.blocks:
+            block.attn.rotary = rotary
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        *,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Extend ``idx`` ``(B, T)`` by ``max_new_tokens`` tokens: greedy at temperature 0,
+        else sampled (optionally from the ``top_k`` most likely). Returns ``(B, T + new)``."""
+        if max_new_tokens <= 0:
+            return idx
+        cache = None
+        if use_cache:
+            cfg = self.config
+            cache = KVCache(
+                cfg.n_layer,
+                idx.shape[0],
+                cfg.n_kv_head or cfg.n_head,
+                cfg.head_dim,
+                idx.shape[1] + max_new_tokens,
+                dtype=self.wte.weight.dtype,
+                device=idx.device,
+            )
+        out, step_input = idx, idx
+        for _ in range(max_new_tokens):
+            h = self.hidden(step_input if use_cache else out, cache=cache)
+            logits = self.lm_head(h[:, -1]).float()  # (B, V)
+            if temperature <= 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            out = torch.cat((out, nxt), dim=1)
+            step_input = nxt
+        return out

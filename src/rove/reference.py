@@ -1,0 +1,203 @@
+"""The slow, explicit attentive-convolution form of RoVE, for tests and analysis.
+
+RoVE attention is an *attentive convolution*: the constant value map ``W_V`` becomes a family of
+offset-indexed kernels ``psi_delta = R_delta W_V`` gated by the content-dependent weights ``A_ij``:
+
+    y_i = W_O sum_j A_ij psi_(p_j - p_i) x_j,        psi_delta = R_delta W_V     (RoVE)
+    psi_delta = W_V                                                              (RoPE, NoPE)
+
+Everything here builds the rotation matrices ``R_delta`` explicitly (``D x D``, float64) from the
+frequencies and the pair convention, and never calls the fast rotation code, so it is an
+independent oracle. Viewed as one linear map on the flattened ``(token x channel)`` signal, a head
+is the *mixer matrix* with blocks ``M[i, j] = A_ij W_O psi_(p_j - p_i) W_V``: a Kronecker product
+``A (x) W_O W_V`` for RoPE, a gated block-Toeplitz operator for RoVE.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rove.functional import Mode, check_mode
+from rove.rotary import Rotary
+
+__all__ = [
+    "attentive_convolution",
+    "mixer_matrix",
+    "reference_attention",
+    "rotation_matrix",
+    "value_kernels",
+]
+
+
+def rotation_matrix(
+    rotary: Rotary, delta: torch.Tensor, seq_len: int | None = None
+) -> torch.Tensor:
+    """Explicit ``R_delta`` of shape ``delta.shape + (D, D)`` in float64.
+
+    Plane ``m`` rotates channels ``(a, b)`` = ``(m, m + r/2)`` (half) or ``(2m, 2m + 1)``
+    (interleaved) by ``+delta * w_m``; channels past ``rotary_dim`` are left alone.
+    """
+    dim, half = rotary.head_dim, rotary.rotary_dim // 2
+    inv_freq = rotary.frequencies(seq_len).inv_freq.to(torch.float64)
+    theta = delta.to(torch.float64)[..., None] * inv_freq  # (..., r/2)
+    mat = torch.zeros(*delta.shape, dim, dim, dtype=torch.float64)
+    mat[..., range(dim), range(dim)] = 1.0
+    for m in range(half):
+        a, b = (m, m + half) if rotary.convention == "half" else (2 * m, 2 * m + 1)
+        c, s = theta[..., m].cos(), theta[..., m].sin()
+        mat[..., a, a], mat[..., a, b] = c, -s
+        mat[..., b, a], mat[..., b, b] = s, c
+    return mat
+
+
+def _relative_rotations(
+    rotary: Rotary | None,
+    mode: str,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    dim: int,
+    seq_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(score rotation, value kernel rotation), each ``(Tq, Tk, D, D)``, for one sequence."""
+    delta = k_pos[None, :] - q_pos[:, None]  # (Tq, Tk): p_j - p_i
+    eye = torch.eye(dim, dtype=torch.float64).expand(*delta.shape, dim, dim)
+    if mode == "nope":
+        return eye, eye
+    assert rotary is not None
+    rot = rotation_matrix(rotary, delta, seq_len)
+    return rot, (rot if mode == "rove" else eye)
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor | None = None,
+    *,
+    mode: Mode = "rove",
+    causal: bool = True,
+    rotary: Rotary | None = None,
+    q_positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
+    doc_ids: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Same contract as ``rove.attention``, computed pair by pair in float64.
+
+    ``score_ij = scale * q_i^T R_(p_j - p_i) k_j`` and ``y_i = sum_j A_ij psi_(p_j - p_i) v_j``.
+    """
+    check_mode(mode)
+    bsz, n_q, q_len, dim = q.shape
+    n_kv, k_len = k.shape[1], k.shape[2]
+    v = k if v is None else v
+    if mode != "nope" and rotary is None:
+        rotary = Rotary(dim)
+    if scale is None:
+        scale = 1 / math.sqrt(dim) * (rotary.logit_scale if rotary is not None else 1.0)
+    q_pos = torch.arange(k_len - q_len, k_len) if q_positions is None else q_positions.cpu()
+    k_pos = (
+        (q_pos if k_len == q_len else torch.arange(k_len))
+        if k_positions is None
+        else k_positions.cpu()
+    )
+    q, k, v = (t.detach().cpu().to(torch.float64) for t in (q, k, v))
+    out = torch.zeros(bsz, n_q, q_len, dim, dtype=torch.float64)
+    for b in range(bsz):
+        qp = q_pos[b] if q_pos.ndim == 2 else q_pos
+        kp = k_pos[b] if k_pos.ndim == 2 else k_pos
+        score_rot, value_rot = _relative_rotations(rotary, mode, qp, kp, dim, max(q_len, k_len))
+        allowed = torch.ones(q_len, k_len, dtype=torch.bool)
+        if causal:
+            allowed &= torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None]
+        if doc_ids is not None:
+            allowed &= doc_ids[b].cpu()[:, None] == doc_ids[b].cpu()[None, :]
+        for h in range(n_q):
+            g = h // (n_q // n_kv)  # the KV head this query head reads (GQA)
+            kk, vv = k[b, g], v[b, g]  # (Tk, D)
+            # scores[i, j] = q_i^T R_(p_j - p_i) k_j
+            scores = scale * torch.einsum("id,ijde,je->ij", q[b, h], score_rot, kk)
+            weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+            out[b, h] = torch.einsum("ij,ijde,je->id", weights, value_rot, vv)
+    return out
+
+
+def value_kernels(
+    w_v: torch.Tensor, w_o: torch.Tensor, rotary: Rotary, deltas: torch.Tensor
+) -> torch.Tensor:
+    """Offset kernels ``W_O R_delta W_V`` of one head, ``(len(deltas), d_out, d_in)``.
+
+    ``w_v`` is ``(D, d_in)`` and ``w_o`` is ``(d_out, D)`` (``nn.Linear`` weight slices of the head).
+    """
+    rot = rotation_matrix(rotary, deltas)  # (n, D, D)
+    return torch.einsum("od,nde,ei->noi", w_o.double(), rot, w_v.double())
+
+
+def mixer_matrix(
+    weights: torch.Tensor,
+    w_v: torch.Tensor,
+    w_o: torch.Tensor,
+    *,
+    mode: Mode,
+    rotary: Rotary | None = None,
+    q_positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The layer as one linear map on the flattened signal: ``(Tq * d_out, Tk * d_in)``.
+
+    Arguments:
+        weights: attention weights ``A`` of each head, ``(H, Tq, Tk)``.
+        w_v: value maps ``(H, D, d_in)``; ``w_o``: output maps ``(H, d_out, D)``.
+    Block ``(i, j)`` is ``sum_h A_hij W_O,h psi_(p_j - p_i) W_V,h``. Multiplying it by the
+    flattened input ``x.reshape(-1)`` gives the flattened output of the attention layer.
+    """
+    check_mode(mode)
+    _, q_len, k_len = weights.shape
+    dim = w_v.shape[1]
+    q_pos = torch.arange(k_len - q_len, k_len) if q_positions is None else q_positions
+    k_pos = torch.arange(k_len) if k_positions is None else k_positions
+    _, value_rot = _relative_rotations(rotary, mode, q_pos, k_pos, dim, max(q_len, k_len))
+    blocks = torch.einsum(
+        "hij,hod,ijde,hen->iojn", weights.double(), w_o.double(), value_rot, w_v.double()
+    )  # (Tq, d_out, Tk, d_in)
+    return blocks.reshape(q_len * w_o.shape[1], k_len * w_v.shape[2])
+
+
+def attentive_convolution(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_k: torch.Tensor,
+    w_v: torch.Tensor,
+    w_o: torch.Tensor,
+    *,
+    mode: Mode,
+    rotary: Rotary | None = None,
+    causal: bool = True,
+    positions: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A multi-head self-attention layer written as an attentive convolution.
+
+    Arguments:
+        x: ``(T, d_in)`` one sequence.
+        w_q, w_k, w_v: ``(H, D, d_in)``; ``w_o``: ``(H, d_out, D)``.
+    Returns:
+        ``(y, A)``: ``y`` ``(T, d_out)`` with ``y_i = sum_h W_O,h sum_j A_hij psi_h,(p_j - p_i) x_j``
+        and the weights ``A`` ``(H, T, T)``. Equal to ``mixer_matrix(A, ...) @ x.reshape(-1)``.
+    """
+    x = x.double()
+    seq, dim = x.shape[0], w_q.shape[1]
+    q = torch.einsum("hdi,ti->htd", w_q.double(), x)[None]  # (1, H, T, D)
+    k = torch.einsum("hdi,ti->htd", w_k.double(), x)[None]
+    pos = torch.arange(seq) if positions is None else positions
+    if mode != "nope" and rotary is None:
+        rotary = Rotary(dim)
+    scale = 1 / math.sqrt(dim) * (rotary.logit_scale if rotary is not None else 1.0)
+    score_rot, value_rot = _relative_rotations(rotary, mode, pos, pos, dim, seq)
+    scores = scale * torch.einsum("hid,ijde,hje->hij", q[0], score_rot, k[0])
+    if causal:
+        scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
+    weights = scores.softmax(dim=-1)  # (H, T, T)
+    # psi_(p_j - p_i) W_V x_j, then W_O: the offset-indexed value kernel applied to every token
+    kernels = torch.einsum("ijde,hen->hijdn", value_rot, w_v.double())  # (H, T, T, D, d_in)
+    y = torch.einsum("hij,hod,hijdn,jn->io", weights, w_o.double(), kernels, x)
+    return y, weights

@@ -1,0 +1,26 @@
+"""The group action: frequency schedules, cos/sin tables and the rotation with its exact inverse."""
+
+from rove.rotary.embedding import Rotary, check_positions
+from rove.rotary.frequencies import SCHEDULES, RotaryFrequencies, rotary_frequencies
+from rove.rotary.rotation import (
+    CONVENTIONS,
+    Convention,
+    apply_rotary,
+    convention_permutation,
+    convert_convention,
+    rotation_tables,
+)
+
+__all__ = [
+    "CONVENTIONS",
+    "SCHEDULES",
+    "Convention",
+    "Rotary",
+    "RotaryFrequencies",
+    "apply_rotary",
+    "check_positions",
+    "convention_permutation",
+    "convert_convention",
+    "rotary_frequencies",
+    "rotation_tables",
+]

@@ -1,0 +1,161 @@
+"""``Rotary``: one object that says how positions become rotations for a head of attention.
+
+It bundles what must be identical for Q, K, V and O (head size, rotated channels, base,
+convention, scaling) and turns positions into cos/sin tables. Tables are computed on demand from
+the positions (cheap: ``T x r/2`` values, float64 angles) rather than cached, so there is no state
+to go stale across devices, dtypes or ``torch.compile`` graphs; a model computes them once per
+forward and hands them to every layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from rove.rotary.frequencies import RotaryFrequencies, rotary_frequencies
+from rove.rotary.rotation import Convention, check_convention, rotation_tables
+
+__all__ = ["Rotary", "check_positions"]
+
+
+def check_positions(positions: torch.Tensor, length: int, name: str = "positions") -> None:
+    """Raise if ``positions`` is not an integer tensor of shape ``(length,)`` or ``(B, length)``."""
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
+    if positions.ndim not in (1, 2) or positions.shape[-1] != length:
+        raise ValueError(
+            f"{name} must have shape ({length},) or (batch, {length}), got {tuple(positions.shape)}"
+        )
+    if positions.is_floating_point() or positions.is_complex():
+        raise TypeError(f"{name} must be an integer tensor, got {positions.dtype}")
+
+
+class Rotary:
+    """Rotary position encoding of one attention head.
+
+    Arguments:
+        head_dim: channels per head (even when any are rotated).
+        rotary_dim: number of rotated channels (the leading ones); default all of them.
+        fraction: alternatively, the fraction of channels rotated (e.g. 0.25); exclusive with
+            ``rotary_dim``. The count is rounded down to an even number.
+        base: RoPE base theta.
+        convention: ``"half"`` (default) or ``"interleaved"`` channel pairing.
+        scaling: frequency schedule, ``{"type": "yarn", "factor": 4, "original_max_position": 1024}``
+            etc.; see ``rove.rotary.SCHEDULES``.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        rotary_dim: int | None = None,
+        *,
+        fraction: float | None = None,
+        base: float = 10000.0,
+        convention: Convention = "half",
+        scaling: Mapping[str, object] | None = None,
+    ) -> None:
+        if not isinstance(head_dim, int) or head_dim <= 0:
+            raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+        if rotary_dim is not None and fraction is not None:
+            raise ValueError("give rotary_dim or fraction, not both")
+        if fraction is not None:
+            if not 0 < fraction <= 1:
+                raise ValueError(f"rotary fraction must be in (0, 1], got {fraction}")
+            rotary_dim = int(head_dim * fraction) // 2 * 2
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim {rotary_dim} is larger than head_dim {head_dim}")
+        if rotary_dim <= 0 or rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+        check_convention(convention)
+        self.head_dim = head_dim
+        self.rotary_dim = rotary_dim
+        self.base = float(base)
+        self.convention: Convention = convention
+        self.scaling = dict(scaling) if scaling is not None else None
+        self._dynamic = self.scaling is not None and self.scaling.get("type") == "dynamic-ntk"
+        # validates the scaling dict eagerly, so a bad config fails at construction
+        self._freqs = rotary_frequencies(rotary_dim, self.base, self.scaling)
+
+    def __repr__(self) -> str:
+        return (
+            f"Rotary(head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
+            f"convention={self.convention!r}, scaling={self.scaling})"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "head_dim": self.head_dim,
+            "rotary_dim": self.rotary_dim,
+            "base": self.base,
+            "convention": self.convention,
+            "scaling": self.scaling,
+        }
+
+    def with_scaling(self, scaling: Mapping[str, object] | None) -> Rotary:
+        """The same rotary with another frequency schedule (e.g. YaRN at inference)."""
+        return Rotary(
+            self.head_dim,
+            self.rotary_dim,
+            base=self.base,
+            convention=self.convention,
+            scaling=scaling,
+        )
+
+    def frequencies(self, seq_len: int | None = None) -> RotaryFrequencies:
+        """Frequencies and attention factor; ``seq_len`` matters only for dynamic NTK."""
+        if self._dynamic:
+            return rotary_frequencies(self.rotary_dim, self.base, self.scaling, seq_len=seq_len)
+        return self._freqs
+
+    @property
+    def logit_scale(self) -> float:
+        """Multiplier of the attention logits implied by the schedule (YaRN temperature)."""
+        return self._freqs.logit_scale
+
+    def tables(
+        self,
+        positions: torch.Tensor,
+        dtype: torch.dtype = torch.float32,
+        seq_len: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin tables of shape ``positions.shape + (rotary_dim/2,)``, from float64 angles.
+
+        The YaRN attention factor is deliberately *not* folded in: V and O reuse these tables.
+        """
+        if self._dynamic and seq_len is None:
+            seq_len = int(positions.max()) + 1 if positions.numel() else 0
+        return rotation_tables(positions, self.frequencies(seq_len).inv_freq, dtype)
+
+    def rotate(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        offset: int = 0,
+        inverse: bool = False,
+    ) -> torch.Tensor:
+        """Rotate ``x`` of shape ``(B, H, T, D)`` (or ``(T, D)``, ``(H, T, D)``) by ``R_p``.
+
+        ``positions`` is ``(T,)`` or ``(B, T)``; default ``offset + arange(T)`` (``offset`` is
+        the number of tokens already in a KV cache). ``inverse=True`` applies ``R_(-p)``.
+        """
+        from rove.kernels import rotate as rotate_fast  # kernels depend on this module
+
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"x has last dim {x.shape[-1]}, expected head_dim {self.head_dim}")
+        length = x.shape[-2]
+        if positions is None:
+            positions = torch.arange(offset, offset + length, device=x.device)
+        else:
+            check_positions(positions, length)
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = self.tables(positions, dtype)
+        return rotate_fast(x, cos, sin, convention=self.convention, inverse=inverse)
+
+    def unrotate(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0
+    ) -> torch.Tensor:
+        """Apply ``R_p^-1 = R_(-p)``: RoVE's output rotation back into the query's frame."""
+        return self.rotate(x, positions, offset=offset, inverse=True)

@@ -1,0 +1,209 @@
+"""Rotary frequency schedules: plain, linear interpolation, NTK-aware, dynamic NTK and YaRN.
+
+Every schedule is a pure function with one signature, ``(rotary_dim, base, **params) ->
+RotaryFrequencies``, kept in the ``SCHEDULES`` registry. Parameters are explicit scalars (not a
+config object) and are validated by name and type, so a typo in a scaling dict raises instead of
+silently falling back to plain RoPE.
+
+Notable features:
+- Inverse frequencies are float64: at 16k positions and beyond a float32 ``position * freq``
+  loses the low bits of the angle, which RoVE's exact inverse rotation exposes.
+- YaRN's attention temperature is returned *separately* as ``attention_factor`` and never enters
+  the cos/sin tables. RoVE reuses the tables for V and O, where a baked-in factor would scale the
+  values and break ``R_(-i) R_i = I``.
+- Schedules follow the reference formulas that HF transformers' rope utilities also follow, so
+  settings carry across libraries: YaRN ramps linearly over the *dimension index* between the
+  correction dims of ``beta_fast`` and ``beta_slow``.
+
+References: Su et al. 2021 (RoFormer); Chen et al. 2023 (position interpolation); bloc97 2023
+(NTK-aware scaling); Peng et al. 2023 (YaRN, arXiv 2309.00071).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SCHEDULES", "RotaryFrequencies", "rotary_frequencies"]
+
+
+@dataclass(frozen=True)
+class RotaryFrequencies:
+    """Per-plane angular frequencies and the attention temperature that goes with them."""
+
+    inv_freq: (
+        torch.Tensor
+    )  # (rotary_dim // 2,) float64, angle of plane m at position p is p * inv_freq[m]
+    attention_factor: float = (
+        1.0  # scales q and k (HF convention); the logits get attention_factor**2
+    )
+
+    @property
+    def logit_scale(self) -> float:
+        """Multiplier of the q.k logits equivalent to scaling both q and k by ``attention_factor``."""
+        return self.attention_factor**2
+
+
+def _base_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
+    # w_m = base^(-2m / rotary_dim), m = 0 .. rotary_dim/2 - 1
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    return base**-exponents
+
+
+def _default(rotary_dim: int, base: float) -> RotaryFrequencies:
+    return RotaryFrequencies(_base_inv_freq(rotary_dim, base))
+
+
+def _linear(rotary_dim: int, base: float, *, factor: float) -> RotaryFrequencies:
+    """Position interpolation: positions are divided by ``factor``."""
+    return RotaryFrequencies(_base_inv_freq(rotary_dim, base) / factor)
+
+
+def _ntk_base(rotary_dim: int, base: float, scale: float) -> float:
+    return base * scale ** (rotary_dim / (rotary_dim - 2))
+
+
+def _ntk(rotary_dim: int, base: float, *, factor: float) -> RotaryFrequencies:
+    """NTK-aware scaling: a larger base stretches low frequencies and keeps the highest one."""
+    return RotaryFrequencies(_base_inv_freq(rotary_dim, _ntk_base(rotary_dim, base, factor)))
+
+
+def _dynamic_ntk(
+    rotary_dim: int,
+    base: float,
+    *,
+    factor: float,
+    original_max_position: int,
+    seq_len: int | None = None,
+) -> RotaryFrequencies:
+    """NTK-aware scaling whose strength grows with the current length (plain RoPE up to the
+    original context). ``seq_len`` is filled in by ``Rotary`` from the positions being encoded."""
+    seq_len = original_max_position if seq_len is None else seq_len
+    if seq_len <= original_max_position:
+        return _default(rotary_dim, base)
+    scale = factor * seq_len / original_max_position - (factor - 1)
+    return RotaryFrequencies(_base_inv_freq(rotary_dim, _ntk_base(rotary_dim, base, scale)))
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(
+    rotary_dim: int,
+    base: float,
+    *,
+    factor: float,
+    original_max_position: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    attention_factor: float | None = None,
+    mscale: float | None = None,
+    mscale_all_dim: float | None = None,
+    truncate: bool = True,
+) -> RotaryFrequencies:
+    """YaRN: interpolate low frequencies, keep high ones, ramp between; plus a logit temperature.
+
+    Planes that turn more than ``beta_fast`` times over the original context keep their frequency
+    (extrapolation); planes turning fewer than ``beta_slow`` times are divided by ``factor``
+    (interpolation). The ramp between is linear in the dimension index, as in the reference code.
+    """
+
+    def correction_dim(num_rotations: float) -> float:
+        # the dimension index whose plane completes `num_rotations` turns over the original context
+        turns = original_max_position / (num_rotations * 2 * math.pi)
+        return rotary_dim * math.log(turns) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1.0 - ramp  # 1: extrapolate (keep frequency), 0: interpolate (divide by factor)
+    inv_freq = _base_inv_freq(rotary_dim, base)
+    inv_freq = inv_freq / factor * (1 - keep) + inv_freq * keep
+
+    if attention_factor is None:
+        if mscale is not None and mscale_all_dim is not None:
+            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = _yarn_mscale(factor)
+    return RotaryFrequencies(inv_freq, float(attention_factor))
+
+
+Schedule = Callable[..., RotaryFrequencies]
+
+SCHEDULES: dict[str, Schedule] = {
+    "default": _default,
+    "linear": _linear,
+    "ntk": _ntk,
+    "dynamic-ntk": _dynamic_ntk,
+    "yarn": _yarn,
+}
+
+
+def _validate(kind: str, params: dict[str, object]) -> None:
+    signature = inspect.signature(SCHEDULES[kind])
+    accepted = {
+        n: p
+        for n, p in signature.parameters.items()
+        if p.kind is p.KEYWORD_ONLY and n != "seq_len"  # seq_len comes from the positions
+    }
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {unknown} for rotary scaling {kind!r}; "
+            f"it accepts {sorted(accepted)}"
+        )
+    missing = [n for n, p in accepted.items() if p.default is p.empty and n not in params]
+    if missing:
+        raise ValueError(f"rotary scaling {kind!r} needs parameter(s) {missing}")
+    for name, value in params.items():
+        if name == "truncate":
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"rotary scaling {kind!r}: 'truncate' must be a bool, got {value!r}"
+                )
+        elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise TypeError(f"rotary scaling {kind!r}: {name!r} must be a number, got {value!r}")
+    factor = params.get("factor")
+    if factor is not None and factor < 1:
+        raise ValueError(f"rotary scaling {kind!r}: factor must be >= 1, got {factor}")
+
+
+def rotary_frequencies(
+    rotary_dim: int,
+    base: float = 10000.0,
+    scaling: dict[str, object] | None = None,
+    *,
+    seq_len: int | None = None,
+) -> RotaryFrequencies:
+    """Frequencies for ``rotary_dim`` rotated channels under an optional scaling schedule.
+
+    Arguments:
+        rotary_dim: number of rotated channels (even); the exponent denominator, as in HF's
+            partial rotary.
+        base: RoPE base theta.
+        scaling: ``{"type": name, **params}`` with ``name`` in ``SCHEDULES``; ``None`` is plain RoPE.
+        seq_len: the current length, used only by ``dynamic-ntk``.
+    """
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    if base <= 1:
+        raise ValueError(f"rotary base must be > 1, got {base}")
+    if scaling is None:
+        return _default(rotary_dim, base)
+    params = dict(scaling)
+    kind = params.pop("type", None)
+    if kind not in SCHEDULES:
+        raise ValueError(f"unknown rotary scaling type {kind!r}; choose one of {sorted(SCHEDULES)}")
+    _validate(kind, params)
+    if kind == "dynamic-ntk":
+        params["seq_len"] = seq_len
+    return SCHEDULES[kind](rotary_dim, float(base), **params)
