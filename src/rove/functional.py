@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from rove.kernels import rotate
-from rove.rotary import Rotary, check_positions
+from rove.rotary import Rotary, check_positions, table_dtype
 
 __all__ = [
     "MODES",
@@ -121,8 +121,7 @@ def document_mask(
 
 
 def _tables(rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype, seq_len: int) -> Tables:
-    table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    return rotary.tables(positions, table_dtype, seq_len=seq_len)
+    return rotary.tables(positions, table_dtype(dtype), seq_len=seq_len)
 
 
 def rotate_inputs(
@@ -229,8 +228,9 @@ def attention(
         q_positions = torch.arange(k_len - q_len, k_len, device=q.device)
     if k_positions is None:
         k_positions = q_positions if k_len == q_len else torch.arange(k_len, device=q.device)
-    check_positions(q_positions, q_len, "q_positions")
-    check_positions(k_positions, k_len, "k_positions")
+    check = rotary.check_positions if rotary is not None else check_positions
+    check(q_positions, q_len, "q_positions")
+    check(k_positions, k_len, "k_positions")
     mask = None
     if doc_ids is not None:
         if doc_ids.shape != (q.shape[0], k_len) or q_len != k_len:

@@ -15,7 +15,7 @@ import torch.nn as nn
 from rove.functional import Mode, attend, check_mode, document_mask
 from rove.kernels import split_rotate_qkv, unrotate_output
 from rove.kv_cache import KVCache
-from rove.rotary import Rotary, check_positions
+from rove.rotary import Rotary, check_positions, table_dtype
 
 __all__ = ["RoveAttention", "split_heads"]
 
@@ -88,11 +88,6 @@ class RoveAttention(nn.Module):
             f"head_dim={self.head_dim}, shared_kv={self.shared_kv}, rotary={self.rotary}"
         )
 
-    def tables(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos/sin at ``positions``; a model computes these once for all its layers."""
-        assert self.rotary is not None
-        return self.rotary.tables(positions, torch.float32, seq_len=seq_len)
-
     def forward(
         self,
         x: torch.Tensor,
@@ -118,6 +113,8 @@ class RoveAttention(nn.Module):
         offset = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(offset, offset + seq, device=x.device)
+        elif self.rotary is not None:
+            self.rotary.check_positions(positions, seq)
         else:
             check_positions(positions, seq)
         qkv = self.qkv(x)  # (B, T, (Hq + 2 Hkv) D)
@@ -127,7 +124,8 @@ class RoveAttention(nn.Module):
         else:
             assert self.rotary is not None
             if tables is None:
-                tables = self.tables(positions, seq_len=offset + seq)
+                dtype = table_dtype(x.dtype)
+                tables = self.rotary.tables(positions, dtype, seq_len=offset + seq)
             q, k, v = split_rotate_qkv(
                 qkv,
                 *tables,

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from rove.kv_cache import KVCache
 from rove.layer import RoveAttention
 from rove.model.config import GPTConfig
-from rove.rotary import Rotary
+from rove.rotary import Rotary, table_dtype
 
 __all__ = ["GPT", "SCALING_KINDS"]
 
@@ -153,7 +153,8 @@ class GPT(nn.Module):
                 )
             x = x + self.wpe(positions)
         elif self.rotary is not None:
-            tables = self.rotary.tables(positions, torch.float32, seq_len=offset + seq)
+            dtype = table_dtype(self.wte.weight.dtype)
+            tables = self.rotary.tables(positions, dtype, seq_len=offset + seq)
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(

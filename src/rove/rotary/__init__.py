@@ -9,6 +9,7 @@ from rove.rotary.rotation import (
     convention_permutation,
     convert_convention,
     rotation_tables,
+    table_dtype,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "convert_convention",
     "rotary_frequencies",
     "rotation_tables",
+    "table_dtype",
 ]

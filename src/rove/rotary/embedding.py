@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from rove.rotary.frequencies import RotaryFrequencies, rotary_frequencies
-from rove.rotary.rotation import Convention, check_convention, rotation_tables
+from rove.rotary.rotation import Convention, check_convention, rotation_tables, table_dtype
 
 __all__ = ["Rotary", "check_positions"]
 
@@ -109,6 +109,12 @@ class Rotary:
             return rotary_frequencies(self.rotary_dim, self.base, self.scaling, seq_len=seq_len)
         return self._freqs
 
+    def check_positions(
+        self, positions: torch.Tensor, length: int, name: str = "positions"
+    ) -> None:
+        """Validate positions for this encoding (1-D rotary: integer ``(T,)`` or ``(B, T)``)."""
+        check_positions(positions, length, name)
+
     @property
     def logit_scale(self) -> float:
         """Multiplier of the attention logits implied by the schedule (YaRN temperature)."""
@@ -149,9 +155,8 @@ class Rotary:
         if positions is None:
             positions = torch.arange(offset, offset + length, device=x.device)
         else:
-            check_positions(positions, length)
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.tables(positions, dtype)
+            self.check_positions(positions, length)
+        cos, sin = self.tables(positions, table_dtype(x.dtype))
         return rotate_fast(x, cos, sin, convention=self.convention, inverse=inverse)
 
     def unrotate(

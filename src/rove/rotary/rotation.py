@@ -26,6 +26,7 @@ __all__ = [
     "convention_permutation",
     "convert_convention",
     "rotation_tables",
+    "table_dtype",
 ]
 
 Convention = Literal["half", "interleaved"]
@@ -54,8 +55,9 @@ def rotation_tables(
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+def table_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Tables and rotation arithmetic: float64 for float64 work, float32 for everything else."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def apply_rotary(
@@ -82,7 +84,7 @@ def apply_rotary(
     r = 2 * half
     if r > x.shape[-1]:
         raise ValueError(f"rotation tables cover {r} channels but x has only {x.shape[-1]}")
-    ct = _compute_dtype(x.dtype)
+    ct = table_dtype(x.dtype)
     cos, sin = cos.to(ct), sin.to(ct)
     if inverse:
         sin = -sin

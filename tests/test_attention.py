@@ -1,0 +1,255 @@
+"""``rove.attention`` and ``RoveAttention`` against the explicit reference and their properties.
+
+Run: pytest tests/test_attention.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import rove
+from rove import KVCache, Rotary, RoveAttention, attention, positions_from_doc_ids
+from rove.reference import attentive_convolution, reference_attention
+
+F64 = dict(dtype=torch.float64)
+
+
+def qkv(b=2, hq=4, hkv=4, tq=6, tk=6, d=8, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, tq, d, generator=g, dtype=dtype)
+    k = torch.randn(b, hkv, tk, d, generator=g, dtype=dtype)
+    v = torch.randn(b, hkv, tk, d, generator=g, dtype=dtype)
+    return q, k, v
+
+
+CASES = list(
+    itertools.product(
+        ["nope", "rope", "rove"],  # mode
+        [True, False],  # causal
+        [4, 2],  # kv heads (4 query heads): MHA and GQA
+        [8, 4],  # rotary dim (head dim 8): full and partial
+        ["half", "interleaved"],
+        [False, True],  # shared KV
+    )
+)
+
+
+@pytest.mark.parametrize("mode, causal, hkv, rdim, convention, shared", CASES)
+def test_matches_reference_float64(mode, causal, hkv, rdim, convention, shared):
+    q, k, v = qkv(hkv=hkv)
+    v = None if shared else v
+    rot = Rotary(8, rdim, convention=convention, base=30.0)
+    out = attention(q, k, v, mode=mode, causal=causal, rotary=rot)
+    ref = reference_attention(q, k, v, mode=mode, causal=causal, rotary=rot)
+    assert (out - ref).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("mode", ["rope", "rove"])
+def test_batched_positions_and_cross_lengths(mode):
+    q, k, v = qkv(tq=3, tk=7)
+    qp = torch.tensor([[4, 5, 6], [10, 12, 14]])
+    kp = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [2, 4, 6, 8, 10, 12, 14]])
+    rot = Rotary(8, base=20.0)
+    out = attention(q, k, v, mode=mode, rotary=rot, q_positions=qp, k_positions=kp)
+    ref = reference_attention(q, k, v, mode=mode, rotary=rot, q_positions=qp, k_positions=kp)
+    assert (out - ref).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("mode", ["rope", "rove"])
+@pytest.mark.parametrize("shift", [1, 37, 100_000])
+def test_shift_equivariance(mode, shift):
+    q, k, v = qkv(tq=5, tk=5)
+    pos = torch.arange(5) * 3
+    a = attention(q, k, v, mode=mode, q_positions=pos, k_positions=pos)
+    b = attention(q, k, v, mode=mode, q_positions=pos + shift, k_positions=pos + shift)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+
+
+def test_rove_differs_from_rope():
+    q, k, v = qkv()
+    assert (attention(q, k, v, mode="rove") - attention(q, k, v, mode="rope")).abs().max() > 1e-2
+
+
+def textbook_rope_attention(q, k, v, causal):
+    """RoFormer's complex-number formulation (interleaved pairs), written independently."""
+    d = q.shape[-1]
+    t = q.shape[2]
+    freqs = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    phase = torch.polar(torch.ones(t, d // 2, **F64), torch.arange(t, **F64)[:, None] * freqs)
+    qc = torch.view_as_complex(q.reshape(*q.shape[:-1], d // 2, 2).contiguous()) * phase
+    kc = torch.view_as_complex(k.reshape(*k.shape[:-1], d // 2, 2).contiguous()) * phase
+    qr = torch.view_as_real(qc).flatten(-2)
+    kr = torch.view_as_real(kc).flatten(-2)
+    scores = qr @ kr.transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_rope_mode_equals_textbook(causal):
+    q, k, v = qkv()
+    out = attention(q, k, v, mode="rope", causal=causal, rotary=Rotary(8, convention="interleaved"))
+    torch.testing.assert_close(out, textbook_rope_attention(q, k, v, causal), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["nope", "rope", "rove"])
+def test_gqa_equals_repeated_heads(mode):
+    q, k, v = qkv(hq=6, hkv=2)
+    rep = dict(repeats=3, dim=1)
+    a = attention(q, k, v, mode=mode)
+    b = attention(q, k.repeat_interleave(**rep), v.repeat_interleave(**rep), mode=mode)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["rope", "rove"])
+def test_packed_sequences_equal_separate_runs(mode):
+    q, k, v = qkv(b=1, tq=9, tk=9)
+    doc_ids = torch.tensor([[0, 0, 0, 0, 1, 1, 2, 2, 2]])
+    pos = positions_from_doc_ids(doc_ids)
+    assert pos.tolist() == [[0, 1, 2, 3, 0, 1, 0, 1, 2]]
+    packed = attention(q, k, v, mode=mode, doc_ids=doc_ids, q_positions=pos, k_positions=pos)
+    for lo, hi in [(0, 4), (4, 6), (6, 9)]:
+        sl = slice(lo, hi)
+        alone = attention(q[:, :, sl], k[:, :, sl], v[:, :, sl], mode=mode)
+        torch.testing.assert_close(packed[:, :, sl], alone, rtol=0, atol=1e-12)
+
+
+def test_yarn_temperature_stays_out_of_values():
+    rot = Rotary(8, scaling={"type": "yarn", "factor": 8.0, "original_max_position": 16})
+    assert rot.logit_scale > 1.05
+    cos, sin = rot.tables(torch.arange(100), torch.float64)
+    torch.testing.assert_close(cos**2 + sin**2, torch.ones_like(cos), rtol=0, atol=1e-14)
+    # one key per query: the output must be the value itself, back in the query's frame;
+    # a temperature baked into the tables would scale it by the factor squared
+    q, k, v = qkv(tq=1, tk=1)
+    out = attention(q, k, v, mode="rove", rotary=rot, q_positions=torch.tensor([50]))
+    torch.testing.assert_close(out, v, rtol=0, atol=1e-12)
+    # and the logits do carry it
+    q, k, v = qkv()
+    ref = reference_attention(q, k, v, mode="rove", rotary=rot)
+    torch.testing.assert_close(attention(q, k, v, mode="rove", rotary=rot), ref, rtol=0, atol=1e-10)
+    plain = attention(q, k, v, mode="rove", rotary=rot, scale=1 / math.sqrt(8))
+    assert (plain - ref).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("mode", ["rope", "rove"])
+def test_gradcheck(mode):
+    q, k, v = qkv(b=1, hq=2, hkv=1, tq=4, tk=4, d=4)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    rot = Rotary(4, base=10.0)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: attention(q, k, v, mode=mode, rotary=rot), (q, k, v)
+    )
+
+
+class TestErrors:
+    def test_unknown_mode(self):
+        q, k, v = qkv()
+        with pytest.raises(ValueError, match="unknown position mode"):
+            attention(q, k, v, mode="alibi")
+
+    def test_odd_head_dim(self):
+        q, k, v = qkv(d=7)
+        with pytest.raises(ValueError, match="even head dim"):
+            attention(q, k, v, mode="rove")
+        attention(q, k, v, mode="nope")  # fine without rotation
+
+    def test_shape_mismatch(self):
+        q, k, v = qkv()
+        with pytest.raises(ValueError, match="k and v shapes differ"):
+            attention(q, k, v[:, :, :3])
+        with pytest.raises(ValueError, match="head dims differ"):
+            attention(q, k[..., :4], v[..., :4])
+        with pytest.raises(ValueError, match=r"\(batch, heads, seq, head_dim\)"):
+            attention(q[0], k[0], v[0])
+
+    def test_dtype_mismatch(self):
+        q, k, v = qkv()
+        with pytest.raises(TypeError, match="dtypes differ"):
+            attention(q, k.float(), v.float())
+
+    def test_heads_not_divisible(self):
+        q, k, v = qkv(hq=4, hkv=3)
+        with pytest.raises(ValueError, match="multiple of key/value heads"):
+            attention(q, k, v)
+
+    def test_bad_positions(self):
+        q, k, v = qkv()
+        with pytest.raises(ValueError, match="q_positions must have shape"):
+            attention(q, k, v, q_positions=torch.arange(5))
+        with pytest.raises(ValueError, match="rotary.head_dim"):
+            attention(q, k, v, rotary=Rotary(16))
+
+
+# ---- the module, the KV cache and torch.compile ----
+
+
+def layer(mode, **kw):
+    torch.manual_seed(0)
+    return RoveAttention(16, 4, kw.pop("n_kv_head", 2), mode=mode, **kw).double()
+
+
+@pytest.mark.parametrize("mode", ["nope", "rope", "rove"])
+@pytest.mark.parametrize("shared_kv", [False, True])
+def test_decode_with_cache_equals_full_forward(mode, shared_kv):
+    m = layer(mode, shared_kv=shared_kv, rotary=None if mode == "nope" else Rotary(4, 2))
+    x = torch.randn(2, 7, 16, **F64)
+    full = m(x)
+    cache = KVCache(1, 2, 2, 4, max_len=7, dtype=torch.float64)
+    steps = [m(x[:, :3], cache=cache)]  # prefill 3 tokens
+    cache.advance(3)
+    for t in range(3, 7):
+        steps.append(m(x[:, t : t + 1], cache=cache))
+        cache.advance(1)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-12)
+
+
+def test_cache_holds_rotated_values():
+    m = layer("rove")
+    x = torch.randn(1, 3, 16, **F64)
+    cache = KVCache(1, 1, 2, 4, max_len=3, dtype=torch.float64)
+    m(x, cache=cache)
+    v_raw = m.qkv(x).view(1, 3, 8, 4).transpose(1, 2)[:, 6:]  # [q(4) | k(2) | v(2)] heads
+    torch.testing.assert_close(cache.v[0], m.rotary.rotate(v_raw), rtol=0, atol=1e-12)
+
+
+def test_decode_past_capacity_raises():
+    m = layer("rove")
+    cache = KVCache(1, 1, 2, 4, max_len=4, dtype=torch.float64)
+    m(torch.randn(1, 4, 16, **F64), cache=cache)
+    cache.advance(4)
+    with pytest.raises(ValueError, match="KV cache overflow"):
+        m(torch.randn(1, 1, 16, **F64), cache=cache)
+
+
+def test_layer_is_attentive_convolution():
+    """Module output == W_O sum_j A_ij (R_(j-i) W_V) x_j, with the layer's own weights."""
+    m = layer("rove", n_kv_head=4)
+    x = torch.randn(1, 6, 16, **F64)
+    w = m.qkv.weight.view(12, 4, 16)  # (heads: 4 q, 4 k, 4 v), D, d_in
+    w_o = m.proj.weight.view(16, 4, 4).permute(1, 0, 2)  # (H, d_out, D)
+    y, _ = attentive_convolution(x[0], w[:4], w[4:8], w[8:], w_o, mode="rove", rotary=m.rotary)
+    torch.testing.assert_close(m(x)[0], y, rtol=0, atol=1e-12)
+
+
+def test_layer_errors():
+    with pytest.raises(ValueError, match="multiple of n_kv_head"):
+        RoveAttention(16, 4, 3)
+    with pytest.raises(ValueError, match="not divisible"):
+        RoveAttention(18, 4)
+    with pytest.raises(ValueError, match="unknown position mode"):
+        RoveAttention(16, 4, mode="xpos")
+
+
+def test_compile_fullgraph_matches_eager():
+    m = RoveAttention(32, 4, 2, mode="rove")
+    x = torch.randn(2, 16, 32)
+    compiled = torch.compile(m, fullgraph=True)
+    torch.testing.assert_close(compiled(x), m(x), rtol=1e-5, atol=1e-5)
+    assert rove.__version__

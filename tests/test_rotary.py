@@ -1,0 +1,201 @@
+"""Frequency schedules, tables and the rotation itself.
+
+Run: pytest tests/test_rotary.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rove.reference import rotation_matrix
+from rove.rotary import (
+    Rotary,
+    apply_rotary,
+    convention_permutation,
+    convert_convention,
+    rotary_frequencies,
+    rotation_tables,
+)
+
+
+def np_base(dim: int, base: float) -> np.ndarray:
+    return np.array([base ** (-(2 * m) / dim) for m in range(dim // 2)])
+
+
+class TestSchedules:
+    def test_default(self):
+        f = rotary_frequencies(64, 10000.0)
+        np.testing.assert_allclose(f.inv_freq.numpy(), np_base(64, 10000.0), rtol=1e-15)
+        assert f.inv_freq.dtype == torch.float64 and f.attention_factor == 1.0
+
+    def test_partial_uses_rotary_dim_as_denominator(self):
+        # HF partial rotary: the exponent is 2m / rotary_dim, not 2m / head_dim
+        r = Rotary(64, fraction=0.25)
+        assert r.rotary_dim == 16
+        np.testing.assert_allclose(r.frequencies().inv_freq.numpy(), np_base(16, 10000.0))
+
+    def test_linear(self):
+        f = rotary_frequencies(32, 500.0, {"type": "linear", "factor": 4.0})
+        np.testing.assert_allclose(f.inv_freq.numpy(), np_base(32, 500.0) / 4)
+
+    def test_ntk(self):
+        f = rotary_frequencies(32, 10000.0, {"type": "ntk", "factor": 8})
+        new_base = 10000.0 * 8 ** (32 / 30)
+        np.testing.assert_allclose(f.inv_freq.numpy(), np_base(32, new_base), rtol=1e-12)
+        assert f.inv_freq[0] == 1.0  # the fastest plane is never stretched
+
+    def test_dynamic_ntk(self):
+        scaling = {"type": "dynamic-ntk", "factor": 2.0, "original_max_position": 128}
+        short = rotary_frequencies(32, 10000.0, scaling, seq_len=100)
+        np.testing.assert_allclose(short.inv_freq.numpy(), np_base(32, 10000.0))
+        long = rotary_frequencies(32, 10000.0, scaling, seq_len=512)
+        new_base = 10000.0 * (2.0 * 512 / 128 - 1) ** (32 / 30)
+        np.testing.assert_allclose(long.inv_freq.numpy(), np_base(32, new_base), rtol=1e-12)
+
+    def test_yarn_matches_hand_computed_ramp(self):
+        # dim 64, base 1e4, factor 4, original 1024: correction dims
+        #   low  = floor(64 ln(1024 / (32 * 2 pi)) / (2 ln 1e4)) = floor(5.655) = 5
+        #   high = ceil (64 ln(1024 / ( 1 * 2 pi)) / (2 ln 1e4)) = ceil(17.697) = 18
+        # ramp over the dimension index m: (m - 5) / 13 clamped to [0, 1]
+        f = rotary_frequencies(
+            64, 10000.0, {"type": "yarn", "factor": 4.0, "original_max_position": 1024}
+        )
+        base = np_base(64, 10000.0)
+        expected = []
+        for m in range(32):
+            interp = min(max((m - 5) / 13, 0.0), 1.0)
+            expected.append(base[m] * (1 - interp) + base[m] / 4 * interp)
+        np.testing.assert_allclose(f.inv_freq.numpy(), expected, rtol=1e-14)
+        assert f.attention_factor == pytest.approx(0.1 * math.log(4) + 1)
+        assert f.logit_scale == pytest.approx((0.1 * math.log(4) + 1) ** 2)
+
+    def test_yarn_mscale_ratio(self):
+        f = rotary_frequencies(
+            64,
+            10000.0,
+            {
+                "type": "yarn",
+                "factor": 40.0,
+                "original_max_position": 4096,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        )
+        assert f.attention_factor == pytest.approx(1.0)
+
+    def test_yarn_factor_one_is_plain(self):
+        f = rotary_frequencies(
+            64, 10000.0, {"type": "yarn", "factor": 1.0, "original_max_position": 64}
+        )
+        np.testing.assert_allclose(f.inv_freq.numpy(), np_base(64, 10000.0))
+        assert f.attention_factor == 1.0
+
+    @pytest.mark.parametrize(
+        "scaling, error, match",
+        [
+            ({"type": "yarnn", "factor": 2}, ValueError, "unknown rotary scaling type"),
+            ({"type": "yarn", "factor": 2}, ValueError, "original_max_position"),
+            ({"type": "linear", "factor": 2, "beta": 1}, ValueError, "unknown parameter"),
+            ({"type": "linear", "factor": "2"}, TypeError, "must be a number"),
+            ({"type": "linear", "factor": 0.5}, ValueError, "factor must be >= 1"),
+        ],
+    )
+    def test_bad_scaling(self, scaling, error, match):
+        with pytest.raises(error, match=match):
+            Rotary(64, scaling=scaling)
+
+
+class TestRotaryValidation:
+    @pytest.mark.parametrize(
+        "kwargs, match",
+        [
+            ({"head_dim": 64, "rotary_dim": 66}, "larger than head_dim"),
+            ({"head_dim": 64, "rotary_dim": 7}, "positive even"),
+            ({"head_dim": 64, "convention": "neox"}, "unknown rotary convention"),
+            ({"head_dim": 64, "rotary_dim": 8, "fraction": 0.5}, "not both"),
+            ({"head_dim": 64, "fraction": 1.5}, "fraction"),
+        ],
+    )
+    def test_errors(self, kwargs, match):
+        with pytest.raises(ValueError, match=match):
+            Rotary(**kwargs)
+
+    def test_positions_shape(self):
+        r = Rotary(8)
+        x = torch.randn(1, 2, 5, 8)
+        with pytest.raises(ValueError, match="positions must have shape"):
+            r.rotate(x, torch.arange(4))
+        with pytest.raises(TypeError, match="integer"):
+            r.rotate(x, torch.arange(5.0))
+
+
+@pytest.mark.parametrize("convention", ["half", "interleaved"])
+@pytest.mark.parametrize("rotary_dim", [4, 8])
+def test_rotation_equals_explicit_matrix(convention, rotary_dim):
+    r = Rotary(8, rotary_dim, convention=convention, base=50.0)
+    pos = torch.tensor([0, 3, -2, 1000])
+    x = torch.randn(2, 4, 8, dtype=torch.float64)
+    mats = rotation_matrix(r, pos)  # (4, 8, 8)
+    expected = torch.einsum("tde,hte->htd", mats, x)
+    torch.testing.assert_close(r.rotate(x, pos), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        r.unrotate(x, pos), torch.einsum("ted,hte->htd", mats, x), rtol=0, atol=1e-12
+    )
+
+
+def test_rotations_compose_and_preserve_norm():
+    r = Rotary(16, base=100.0)
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    a, b = torch.arange(5) * 7, torch.arange(5) * -3
+    torch.testing.assert_close(r.rotate(r.rotate(x, a), b), r.rotate(x, a + b), rtol=0, atol=1e-12)
+    torch.testing.assert_close(r.rotate(x, a).norm(dim=-1), x.norm(dim=-1), rtol=1e-14, atol=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    pos=st.integers(min_value=0, max_value=1_000_000),
+    convention=st.sampled_from(["half", "interleaved"]),
+)
+def test_exact_inverse_at_long_positions_float32(pos, convention):
+    r = Rotary(64, convention=convention)
+    x = torch.randn(2, 3, 64, dtype=torch.float32)
+    p = torch.full((3,), pos) + torch.arange(3)
+    back = r.unrotate(r.rotate(x, p), p)
+    rel = (back - x).norm() / x.norm()
+    assert rel <= 1e-5
+
+
+def test_tables_precise_at_long_positions():
+    inv = rotary_frequencies(64).inv_freq
+    pos = torch.tensor([1_000_000, 16_383])
+    cos, sin = rotation_tables(pos, inv, torch.float32)
+    exact = [[math.cos(p * float(w)) for w in inv] for p in (1_000_000, 16_383)]
+    np.testing.assert_allclose(cos.numpy(), np.array(exact), atol=2e-7)
+    # a float32 product p * w would be off by up to ~0.03 rad at p = 1e6
+    assert (sin**2 + cos**2 - 1).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("src, dst", [("half", "interleaved"), ("interleaved", "half")])
+def test_convert_convention(src, dst):
+    x = torch.randn(2, 6, 12, dtype=torch.float64)
+    pos = torch.arange(6) * 5
+    rs, rd = Rotary(12, 8, convention=src), Rotary(12, 8, convention=dst)
+    # converting then rotating in dst equals rotating in src then converting
+    lhs = rd.rotate(convert_convention(x, 8, src, dst), pos)
+    rhs = convert_convention(rs.rotate(x, pos), 8, src, dst)
+    torch.testing.assert_close(lhs, rhs, rtol=0, atol=1e-13)
+    back = convert_convention(convert_convention(x, 8, src, dst), 8, dst, src)
+    torch.testing.assert_close(back, x, rtol=0, atol=0)
+    assert sorted(convention_permutation(8, src, dst).tolist()) == list(range(8))
+
+
+def test_apply_rotary_rejects_wide_tables():
+    cos, sin = rotation_tables(torch.arange(3), rotary_frequencies(16).inv_freq)
+    with pytest.raises(ValueError, match="cover 16 channels"):
+        apply_rotary(torch.randn(3, 8), cos, sin)
