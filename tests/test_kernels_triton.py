@@ -1,0 +1,331 @@
+"""Triton rotation kernels against the pure-torch path: forward, gradients, every layout option.
+
+Without a GPU the kernels run in the Triton interpreter on CPU tensors: this module sets
+``TRITON_INTERPRET=1`` before triton is first imported (the flag is read when the kernels are
+decorated), and skips with a reason if the kernels were already compiled without it. With a GPU
+the same tests run compiled on CUDA, plus the ``gpu``-marked ``torch.compile`` checks.
+
+Run:  pytest tests/test_kernels_triton.py            (CPU, interpreter: ~10 s on 2 cores)
+      pytest -m gpu tests/test_kernels_triton.py     (CUDA: torch.compile / opcheck)
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of triton
+pytest.importorskip("triton")
+
+from rove.kernels import (
+    rotate,
+    rotate_torch,
+    split_rotate_qkv,
+    split_rotate_qkv_torch,
+    unrotate_output,
+    unrotate_output_torch,
+    use_backend,
+)
+from rove.kernels.triton_kernels import INTERPRETED, launch_rotate, launch_split_qkv
+from rove.kernels.triton_rotary import (
+    rotate_triton,
+    split_rotate_qkv_triton,
+    unrotate_output_triton,
+)
+from rove.rotary import Rotary
+
+if not INTERPRETED and not torch.cuda.is_available():
+    pytest.skip(
+        "rove's Triton kernels were imported before TRITON_INTERPRET=1 was set and there is no "
+        "GPU; run this file on its own or export TRITON_INTERPRET=1",
+        allow_module_level=True,
+    )
+
+DEVICE = "cpu" if INTERPRETED else "cuda"
+B, H, T, D = 2, 4, 8, 16
+EPS = {torch.float32: 1e-6, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    """fp32 to 1e-6; bf16/fp16 within one rounding of the fp32 result (kernels may fuse FMAs)."""
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    diff = (actual.double() - expected.double()).abs()
+    tol = EPS[dtype] * (1 + expected.double().abs())
+    assert bool((diff <= tol).all()), (
+        f"max diff {diff.max().item():.3g}, mean {diff.mean().item():.3g}, "
+        f"{int((diff > tol).sum())} of {diff.numel()} beyond tolerance ({dtype})"
+    )
+
+
+def tables(rotary_dim: int, per_batch: bool, convention: str = "half", head_dim: int = D):
+    """float32 cos/sin: ``(T, r/2)`` at offset 5, or ``(B, T, r/2)`` at per-sequence offsets."""
+    rot = Rotary(head_dim, rotary_dim, convention=convention)
+    # per batch: a KV-cache offset per sequence, one of them a long position
+    offsets = torch.tensor([[3], [70000]]) if per_batch else torch.tensor(5)
+    return rot.tables((offsets + torch.arange(T)).to(DEVICE))
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+def grads(outputs, inputs, upstream):
+    return torch.autograd.grad(outputs, inputs, upstream)
+
+
+# (convention, rotary_dim, per-batch tables, dtype, layout of x)
+ROTATE_CASES = [
+    ("half", D, False, torch.float32, "contiguous"),
+    ("interleaved", D, True, torch.float32, "transposed"),
+    ("half", 10, True, torch.bfloat16, "strided"),
+    ("interleaved", 6, False, torch.float16, "transposed"),
+]
+
+
+def make_x(layout: str, dtype: torch.dtype) -> torch.Tensor:
+    """``(B, H, T, D)`` leaf with the given memory layout."""
+    if layout == "transposed":  # FlashAttention's (B, T, H, D) storage
+        x = randn(B, T, H, D, dtype=dtype).transpose(1, 2)
+    elif layout == "strided":  # every other channel of a wider tensor: last-dim stride 2
+        x = randn(B, H, T, 2 * D, dtype=dtype)[..., ::2]
+    else:
+        x = randn(B, H, T, D, dtype=dtype)
+    return x.requires_grad_()
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize(("convention", "rotary_dim", "per_batch", "dtype", "layout"), ROTATE_CASES)
+def test_rotate(convention, rotary_dim, per_batch, dtype, layout, inverse):
+    cos, sin = tables(rotary_dim, per_batch, convention)
+    x = make_x(layout, dtype)
+    kw = dict(convention=convention, inverse=inverse)
+    out, ref = rotate_triton(x, cos, sin, **kw), rotate_torch(x, cos, sin, **kw)
+    assert_close(out, ref, dtype)
+    assert out.is_contiguous()
+    g = randn(*out.shape, dtype=dtype)
+    assert_close(grads(out, x, g)[0], grads(ref, x, g)[0], dtype)
+
+
+@pytest.mark.parametrize(("convention", "rotary_dim", "per_batch", "dtype", "layout"), ROTATE_CASES)
+def test_unrotate_output(convention, rotary_dim, per_batch, dtype, layout):
+    cos, sin = tables(rotary_dim, per_batch, convention)
+    o = make_x(layout, dtype)
+    out = unrotate_output_triton(o, cos, sin, convention=convention)
+    ref = unrotate_output_torch(o, cos, sin, convention=convention)
+    assert out.shape == (B, T, H * D) and out.is_contiguous()
+    assert_close(out, ref, dtype)
+    g = randn(B, T, 2 * H * D, dtype=dtype)[..., ::2]  # a strided upstream gradient
+    assert_close(grads(out, o, g)[0], grads(ref, o, g)[0], dtype)
+
+
+# (convention, rotary_dim, n_head, n_kv_head, per-batch tables, dtype, layout of qkv)
+SPLIT_CASES = [
+    ("half", D, 4, 4, False, torch.float32, "contiguous"),
+    ("interleaved", 10, 4, 2, True, torch.bfloat16, "padded rows"),
+    ("half", 6, 6, 2, False, torch.float16, "seq-major"),
+]
+
+
+def make_qkv(layout: str, width: int, dtype: torch.dtype) -> torch.Tensor:
+    if layout == "padded rows":  # token stride > width, as a slice of a wider projection
+        qkv = randn(B, T, width + 8, dtype=dtype)[..., :width]
+    elif layout == "seq-major":  # (T, B, width) storage: batch stride < token stride
+        qkv = randn(T, B, width, dtype=dtype).transpose(0, 1)
+    else:
+        qkv = randn(B, T, width, dtype=dtype)
+    return qkv.requires_grad_()
+
+
+@pytest.mark.parametrize("shared_kv", [False, True])
+@pytest.mark.parametrize("rotate_v", [False, True])
+@pytest.mark.parametrize(
+    ("convention", "rotary_dim", "n_head", "n_kv_head", "per_batch", "dtype", "layout"),
+    SPLIT_CASES,
+)
+def test_split_rotate_qkv(
+    convention, rotary_dim, n_head, n_kv_head, per_batch, dtype, layout, shared_kv, rotate_v
+):
+    cos, sin = tables(rotary_dim, per_batch, convention)
+    width = (n_head + (1 if shared_kv else 2) * n_kv_head) * D
+    qkv = make_qkv(layout, width, dtype)
+    kw = dict(n_head=n_head, n_kv_head=n_kv_head, rotate_v=rotate_v, shared_kv=shared_kv)
+    out = split_rotate_qkv_triton(qkv, cos, sin, convention=convention, **kw)
+    ref = split_rotate_qkv_torch(qkv, cos, sin, convention=convention, **kw)
+    for a, r in zip(out, ref, strict=True):
+        assert a.is_contiguous()
+        assert_close(a, r, dtype)
+    assert (out[2] is out[1]) == (shared_kv and rotate_v)
+    # upstream gradients as SDPA may hand them back: one transposed, one channel-strided
+    g = [randn(*r.shape, dtype=dtype) for r in ref]
+    g[0] = randn(B, T, n_head, D, dtype=dtype).transpose(1, 2)
+    g[2] = randn(*ref[2].shape[:-1], 2 * D, dtype=dtype)[..., ::2]
+    assert_close(grads(out, qkv, g)[0], grads(ref, qkv, g)[0], dtype)
+
+
+def test_many_tiles():
+    """Several token blocks (the last one partial) and several head blocks per output."""
+    seq, n_head, n_kv_head = 70, 12, 4  # D = 16: 4 heads x 64 tokens a program
+    positions = torch.tensor([[0], [900]]) + torch.arange(seq)  # (B, T)
+    cos, sin = Rotary(D, 10).tables(positions.to(DEVICE))
+    qkv = randn(B, seq, (n_head + 2 * n_kv_head) * D).requires_grad_()
+    kw = dict(n_head=n_head, n_kv_head=n_kv_head, rotate_v=True)
+    fast = split_rotate_qkv_triton(qkv, cos, sin, **kw)
+    fast = (*fast, unrotate_output_triton(fast[0], cos, sin))
+    ref = split_rotate_qkv_torch(qkv, cos, sin, **kw)
+    ref = (*ref, unrotate_output_torch(ref[0], cos, sin))
+    for a, r in zip(fast, ref, strict=True):
+        assert_close(a, r, torch.float32)
+    g = [torch.randn_like(r) for r in ref]
+    assert_close(grads(fast, qkv, g)[0], grads(ref, qkv, g)[0], torch.float32)
+
+
+def test_double_backward():
+    """Each op's backward is itself differentiable (merge <-> split, rotate <-> rotate)."""
+    cos, sin = tables(10, True)
+    qkv = make_qkv("contiguous", (4 + 2 * 2) * D, torch.float32)
+    kw = dict(n_head=4, n_kv_head=2, rotate_v=True, convention="interleaved")
+    results = []
+    paths = [
+        (split_rotate_qkv_triton, unrotate_output_triton),
+        (split_rotate_qkv_torch, unrotate_output_torch),
+    ]
+    for split, unrot in paths:
+        q, k, v = split(qkv, cos, sin, **kw)
+        y = unrot(q * k.repeat_interleave(2, 1) + v.repeat_interleave(2, 1), cos, sin)
+        (gx,) = torch.autograd.grad(y.square().sum(), qkv, create_graph=True)
+        results.append(torch.autograd.grad(gx.sin().sum(), qkv)[0])
+    assert_close(*results, torch.float32)
+
+
+def test_dispatchers_route_to_triton():
+    """``use_backend("triton")`` sends the public calls (and ``Rotary``) through the kernels."""
+    rot = Rotary(D, 8, convention="interleaved")
+    x = randn(B, H, T, D)
+    qkv = randn(B, T, 3 * H * D)
+    cos, sin = rot.tables(torch.arange(T, device=DEVICE))
+    kw = dict(n_head=H, n_kv_head=H, rotate_v=True, convention="interleaved")
+    with use_backend("triton"):
+        fast = (
+            rotate(x, cos, sin, convention="interleaved"),
+            unrotate_output(x, cos, sin, convention="interleaved"),
+            *split_rotate_qkv(qkv, cos, sin, **kw),
+            rot.unrotate(x[0, 0], offset=3),  # (T, D) input
+        )
+    with use_backend("torch"):
+        ref = (
+            rotate(x, cos, sin, convention="interleaved"),
+            unrotate_output(x, cos, sin, convention="interleaved"),
+            *split_rotate_qkv(qkv, cos, sin, **kw),
+            rot.unrotate(x[0, 0], offset=3),
+        )
+    for a, r in zip(fast, ref, strict=True):
+        assert_close(a, r, torch.float32)
+
+
+def test_attention_layer_matches_torch_path():
+    """A whole RoVE layer (GQA, partial rotary): same output and gradients on either backend."""
+    from rove.layer import RoveAttention
+
+    torch.manual_seed(0)
+    layer = RoveAttention(H * D, H, 2, mode="rove", rotary=Rotary(D, 8)).to(DEVICE)
+    x = randn(B, T, H * D).requires_grad_()
+    results = []
+    for backend in ("triton", "torch"):
+        with use_backend(backend):
+            y = layer(x)
+        results.append((y, *torch.autograd.grad(y.square().sum(), (x, layer.qkv.weight))))
+    for a, r in zip(*results, strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
+
+
+def test_float64_falls_back_to_torch():
+    cos, sin = Rotary(D).tables(torch.arange(T, device=DEVICE), torch.float64)
+    x = randn(B, H, T, D, dtype=torch.float64)
+    assert torch.equal(rotate_triton(x, cos, sin), rotate_torch(x, cos, sin))
+    assert torch.equal(unrotate_output_triton(x, cos, sin), unrotate_output_torch(x, cos, sin))
+
+
+def _bad_launches():
+    cos, sin = tables(D, False)
+    x = randn(B, H, T, D)
+    out = torch.empty_like(x)
+    qkv = randn(B, T, 3 * H * D)
+    q, k, v = (torch.empty(B, H, T, D, device=DEVICE) for _ in range(3))
+    split = dict(rotate_v=True, shared_kv=False, interleaved=False)
+    shared = dict(rotate_v=True, shared_kv=True, interleaved=False)
+    rot = dict(interleaved=False, conjugate=False)
+    return {
+        "float64 tables": (lambda: launch_rotate(x, out, cos.double(), sin, **rot), "float32"),
+        "int data": (lambda: launch_rotate(x.long(), out, cos, sin, **rot), "float32, bfloat16"),
+        "tables too wide": (
+            lambda: launch_rotate(x[..., :8], out[..., :8].contiguous(), cos, sin, **rot),
+            "rotate 16 channels; head_dim is 8",
+        ),
+        "table length": (lambda: launch_rotate(x, out, cos[:3], sin[:3], **rot), "tables must"),
+        "table last dim": (
+            lambda: launch_rotate(x, out, cos.t().contiguous().t(), sin, **rot),
+            "contiguous in its last dim",
+        ),
+        "device": (lambda: launch_rotate(x, out, cos.to("meta"), sin, **rot), "is on meta"),
+        "out layout": (
+            lambda: launch_rotate(x, out[:, :2].clone(), cos, sin, **rot),
+            "out must have",
+        ),
+        "qkv last dim": (
+            lambda: launch_split_qkv(qkv.mT.contiguous().mT, q, k, v, cos, sin, **split),
+            "contiguous last dim",
+        ),
+        "qkv width": (lambda: launch_split_qkv(qkv[..., :-2], q, k, v, cos, sin, **split), "width"),
+        "GQA": (
+            lambda: split_rotate_qkv_triton(qkv, cos, sin, n_head=4, n_kv_head=3, rotate_v=True),
+            "divide n_head",
+        ),
+        "v for shared rotated kv": (
+            lambda: launch_split_qkv(qkv[..., : 2 * H * D], q, k, v, cos, sin, **shared),
+            "v must be None",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_launches()))
+def test_launchers_reject_bad_inputs(case):
+    call, message = _bad_launches()[case]
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs compiled CUDA")
+def test_torch_compile_traces_the_custom_ops():
+    """Inductor sees through the triton ops (fullgraph) and matches eager, forward and backward."""
+    cos, sin = tables(D, True)
+
+    def layer(qkv):
+        q, k, v = split_rotate_qkv(qkv, cos, sin, n_head=H, n_kv_head=2, rotate_v=True)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return unrotate_output(o, cos, sin)
+
+    qkv = randn(B, T, (H + 4) * D).requires_grad_()
+    compiled = torch.compile(layer, fullgraph=True)
+    y, y_ref = compiled(qkv), layer(qkv)
+    torch.testing.assert_close(y, y_ref)
+    g = torch.randn_like(y)
+    torch.testing.assert_close(grads(y, qkv, g)[0], grads(y_ref, qkv, g)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs compiled CUDA")
+def test_opcheck_custom_ops():
+    """torch.library's own checks: schema, fake (meta) implementation, autograd registration."""
+    cos, sin = tables(10, False)
+    x = randn(B, H, T, D).requires_grad_()
+    qkv = randn(B, T, (H + 4) * D).requires_grad_()
+    torch.library.opcheck(torch.ops.rove.rotate.default, (x, cos, sin, True, False))
+    torch.library.opcheck(torch.ops.rove.unrotate_output.default, (x, cos, sin, False))
+    torch.library.opcheck(
+        torch.ops.rove.split_rotate_qkv.default, (qkv, cos, sin, H, 2, False, False, True)
+    )
