@@ -1,0 +1,165 @@
+"""Perplexity versus evaluation length, with and without inference-time RoPE scaling.
+
+The paper's in-distribution (512, 1024 tokens) and out-of-distribution (2k-16k, i.e. 2x-16x the training
+context) perplexities, each with and without YaRN, come from :func:`perplexity_vs_length`.
+
+Design choices:
+
+- **Same windows for every model.** For a length ``L`` the token stream is cut into consecutive
+  windows of ``L`` inputs (plus one token for the last target); at most ``max_tokens_per_length // L``
+  of them are used, spread evenly over the whole stream, so the choice depends only on the tokens, the
+  length and the budget, never on the model. Every target token of a window is scored (no sliding
+  context), which is what "perplexity at length L" means in the paper's OOD table: early positions have
+  little context, late positions test the long-range behaviour.
+- **Scaling factor** = ``L / block_size`` for YaRN / NTK / linear interpolation; for ``L <= block_size``
+  no scaling is applied at all, so the scaled entry equals the plain one (it is computed once and shared).
+- **Loss by position**: the mean loss in equal-width position buckets inside the window, for a
+  "loss vs position" plot that shows where beyond the training length a model breaks down.
+- **Memory-aware**: ``batch_size`` windows per forward at ``block_size``; longer windows run in
+  proportionally smaller batches (at least one), so a small model evaluates 16x its training length on
+  a CPU; per-token losses come from the model's chunked ``token_nll`` under ``torch.inference_mode``.
+- A model that cannot run a length (learned absolute positions raise ``ValueError``) gets ``None``
+  metrics and the reason in ``error`` for that length; the other lengths still run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from rove.eval.protocol import LanguageModel
+from rove.eval.scoring import model_device, rope_scaled, scaling_factor
+
+__all__ = ["perplexity_vs_length", "window_starts"]
+
+
+def window_starts(n_tokens: int, length: int, max_windows: int) -> np.ndarray:
+    """Start offsets of at most ``max_windows`` non-overlapping windows of ``length + 1`` tokens.
+
+    Windows sit at multiples of ``length`` (window k's last target is window k+1's first input) and are
+    spread evenly over the stream. Empty when the stream is shorter than one window.
+    """
+    n_avail = (n_tokens - 1) // length
+    n = min(n_avail, max_windows)
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
+    picks = np.unique(np.linspace(0, n_avail - 1, n).round().astype(np.int64))
+    return picks * length
+
+
+def _bucket_edges(length: int, n_buckets: int) -> np.ndarray:
+    return np.linspace(0, length, min(n_buckets, length) + 1).round().astype(np.int64)
+
+
+def _evaluate_length(
+    model: LanguageModel,
+    tokens: np.ndarray,
+    starts: np.ndarray,
+    length: int,
+    batch_size: int,
+    n_buckets: int,
+    progress: bool,
+) -> dict[str, Any]:
+    """Loss over the windows at ``starts``; the caller has already applied any scaling."""
+    device = model_device(model)
+    pos_sum = np.zeros(length, dtype=np.float64)  # summed loss per position over windows
+    chunks = [starts[i : i + batch_size] for i in range(0, len(starts), batch_size)]
+    for chunk in tqdm(chunks, desc=f"ppl@{length}", disable=not progress, leave=False):
+        win = np.stack([tokens[s : s + length + 1] for s in chunk]).astype(np.int64)
+        win_t = torch.from_numpy(win).to(device)  # (B, L + 1)
+        with torch.inference_mode():
+            nll = model.token_nll(win_t[:, :-1], win_t[:, 1:])  # (B, L)
+        pos_sum += nll.double().sum(dim=0).cpu().numpy()
+    n_windows = len(starts)
+    edges = _bucket_edges(length, n_buckets)
+    loss = float(pos_sum.sum() / (n_windows * length))
+    return {
+        "ppl": float(np.exp(loss)),
+        "loss": loss,
+        "n_windows": n_windows,
+        "n_tokens": n_windows * length,
+        "position_buckets": [[int(a), int(b)] for a, b in itertools.pairwise(edges)],
+        "position_loss": [
+            float(pos_sum[a:b].sum() / (n_windows * (b - a))) for a, b in itertools.pairwise(edges)
+        ],
+    }
+
+
+def perplexity_vs_length(
+    model: LanguageModel,
+    tokens: np.ndarray,
+    lengths: Sequence[int],
+    *,
+    scalings: Sequence[str | None] = (None, "yarn"),
+    max_tokens_per_length: int,
+    batch_size: int,
+    n_position_buckets: int = 16,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Perplexity per scaling kind and window length over deterministic windows of ``tokens``.
+
+    Args:
+        model: the causal LM (:class:`rove.eval.protocol.LanguageModel`).
+        tokens: 1-D token stream, e.g. a validation shard.
+        lengths: window lengths (model input tokens per window).
+        scalings: RoPE scaling kinds to evaluate (None = plain, "yarn", "ntk", "linear").
+        max_tokens_per_length: scored-token budget per length (at least one window is used).
+        batch_size: windows per forward at ``block_size``; shrinks as ``batch_size * block_size / L``.
+        n_position_buckets: number of equal-width position buckets for the loss-vs-position curve.
+        progress: show tqdm progress bars.
+
+    Returns:
+        ``{"block_size", "n_stream_tokens", "results": {kind_name: {length: record}}}`` where
+        ``kind_name`` is ``"none"`` for plain and ``record`` holds ``ppl``, ``loss`` (mean nats/token),
+        ``factor``, ``n_windows``, ``n_tokens``, ``batch_size``, ``position_buckets`` ([start, end)
+        pairs), ``position_loss`` and ``error`` (None, or why the metrics are None).
+    """
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must be a 1-D array, got shape {tokens.shape}")
+    block = model.config.block_size
+    cache: dict[tuple[str | None, int], dict[str, Any]] = {}
+    results: dict[str, dict[int, dict[str, Any]]] = {}
+    for kind in scalings:
+        per_length: dict[int, dict[str, Any]] = {}
+        for length in lengths:
+            factor = scaling_factor(length, block) if kind is not None else 1.0
+            key = (kind if factor != 1.0 else None, length)
+            if key not in cache:
+                cache[key] = _run_one(
+                    model, tokens, length, kind, max_tokens_per_length, batch_size,
+                    n_position_buckets, progress,
+                )  # fmt: skip
+            per_length[length] = {**cache[key], "scaling": kind, "factor": factor}
+        results["none" if kind is None else kind] = per_length
+    return {"block_size": block, "n_stream_tokens": len(tokens), "results": results}
+
+
+def _run_one(
+    model: LanguageModel,
+    tokens: np.ndarray,
+    length: int,
+    kind: str | None,
+    max_tokens_per_length: int,
+    batch_size: int,
+    n_buckets: int,
+    progress: bool,
+) -> dict[str, Any]:
+    """One (scaling, length) cell: metrics, or None metrics with the error that prevented them."""
+    bs = max(1, batch_size * model.config.block_size // length)
+    starts = window_starts(len(tokens), length, max(1, max_tokens_per_length // length))
+    empty = {"ppl": None, "loss": None, "n_windows": 0, "n_tokens": 0, "batch_size": bs,
+             "position_buckets": None, "position_loss": None}  # fmt: skip
+    if len(starts) == 0:
+        return {**empty, "error": f"stream of {len(tokens)} tokens is shorter than {length + 1}"}
+    try:
+        with rope_scaled(model, kind, length):
+            metrics = _evaluate_length(model, tokens, starts, length, bs, n_buckets, progress)
+    except ValueError as err:  # e.g. learned absolute positions beyond block_size
+        return {**empty, "error": f"{type(err).__name__}: {err}"}
+    return {**metrics, "batch_size": bs, "error": None}
