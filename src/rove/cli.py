@@ -1,0 +1,54 @@
+"""The ``rove`` command: thin dispatch to each subcommand's ``main(argv)``.
+
+Subcommands are imported only when called, so ``rove --help`` is instant and importing
+``rove.cli`` does no work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("rove.compare", "RoPE vs RoVE on the embedded CPU corpus: train, evaluate, report"),
+    "compare": ("rove.compare", "train and evaluate several position modes over seeds, report"),
+    "train": ("rove.train.cli", "train a GPT-2 style model (torchrun for many GPUs)"),
+    "eval": ("rove.evaluate", "evaluate a checkpoint: perplexity vs length, RULER, ICL, CORE"),
+    "analyze": ("rove.analysis", "mixer matrix, offset kernels and circuits of a model's head"),
+    "vision": ("rove.vision", "2-D RoPE vs RoVE ViT on offline digits, with extrapolation"),
+    "data": ("rove.data.prepare", "`rove data prepare`: tokenize a corpus into token shards"),
+}
+ENTRY = {"demo": "demo_main"}
+
+
+def usage() -> str:
+    lines = ["usage: rove <command> [options]   (rove <command> --help for its options)", ""]
+    lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from rove import __version__
+
+        print(f"rove {__version__}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"rove: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    if command == "data":
+        if not rest or rest[0] != "prepare":
+            print("usage: rove data prepare [options]", file=sys.stderr)
+            return 2
+        rest = rest[1:]
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(getattr(module, ENTRY.get(command, "main"))(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""``rove eval CHECKPOINT``: the paper's evaluations on one model, written as JSON.
+
+Runs any subset of perplexity vs length (with and without inference-time frequency scaling),
+RULER (answer NLL and greedy accuracy, plain and with YaRN), the offline few-shot ICL suite and,
+when a local DCLM bundle is given, CORE. Lengths default to multiples of the model's training
+length, so the same settings mean "2x-16x" for a 128-token CPU model and for GPT-2 at 1024.
+
+The record it returns is the per-model entry of ``rove compare``'s ``results.json``::
+
+    {"ppl": {"256": 7.1, ...},                        # no scaling, by length
+     "ppl_scaled": {"yarn": {"256": 6.3, ...}},       # lengths beyond training only
+     "position_loss": {"none": {"2048": {...}}},      # loss by position bucket, longest length
+     "ruler": {"none": {task: {"512": {"nll", "accuracy"}}}, "yarn": {...}},
+     "icl": {"mean_centered": 0.1, "tasks": {...}}, "core": {...}}
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rove.eval.icl import ICL_TASKS, evaluate_icl
+from rove.eval.perplexity import perplexity_vs_length
+from rove.eval.ruler import RULER_TASKS, evaluate_ruler
+
+__all__ = ["DEFAULT_RULER_TASKS", "EvalConfig", "evaluate_checkpoint", "evaluate_model", "main"]
+
+# QA needs local SQuAD / HotpotQA files; the rest is generated from the corpus
+DEFAULT_RULER_TASKS = (
+    "niah_single_1",
+    "niah_single_2",
+    "niah_multikey_1",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "cwe",
+    "fwe",
+)
+
+
+@dataclass
+class EvalConfig:
+    """What to evaluate. ``*_multiples`` scale the training length unless lengths are given."""
+
+    ppl: bool = True  # perplexity vs length
+    ppl_multiples: list[float] = field(default_factory=lambda: [0.5, 1, 2, 4, 8, 16])
+    ppl_lengths: list[int] | None = None  # explicit lengths (override the multiples)
+    scalings: list[str] = field(default_factory=lambda: ["yarn"])  # also evaluated beyond train_len
+    ppl_tokens: int = 65536  # scored tokens per length (at least one window)
+    batch_size: int = 8  # windows per forward at the training length (shrinks with length)
+    ruler: bool = True  # RULER answer NLL + greedy accuracy
+    ruler_tasks: list[str] = field(default_factory=lambda: list(DEFAULT_RULER_TASKS))
+    ruler_multiples: list[float] = field(default_factory=lambda: [4, 8])  # paper: 4k, 8k at 1k
+    ruler_lengths: list[int] | None = None
+    ruler_samples: int = 20  # samples per task and length
+    ruler_scalings: list[str] = field(default_factory=lambda: ["none", "yarn"])
+    qa_paths: dict[str, str] = field(default_factory=dict)  # {"qa_squad": path, "qa_hotpot": path}
+    icl: bool = True  # offline synthetic few-shot suite
+    icl_tasks: list[str] = field(default_factory=lambda: list(ICL_TASKS))
+    icl_items: int = 50  # items per ICL task
+    icl_max_tokens: int | None = None  # longest ICL sequence; None = the training length
+    core_bundle: str | None = None  # local DCLM eval bundle folder; None = skip CORE
+    core_max_per_task: int | None = None  # cap items per CORE task (None = all)
+    seed: int = 0  # seeds task generation (the same for every model compared)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.ruler_tasks) - set(RULER_TASKS))
+        if unknown:
+            raise ValueError(f"unknown RULER task(s) {unknown}; choose from {RULER_TASKS}")
+        unknown = sorted(set(self.icl_tasks) - set(ICL_TASKS))
+        if unknown:
+            raise ValueError(f"unknown ICL task(s) {unknown}; choose from {sorted(ICL_TASKS)}")
+        bad = sorted(set(self.scalings) - {"yarn", "ntk", "linear", "dynamic-ntk"})
+        if bad:
+            raise ValueError(
+                f"unknown scaling(s) {bad}; choose from yarn, ntk, linear, dynamic-ntk"
+            )
+
+    def lengths(
+        self, train_len: int, explicit: list[int] | None, multiples: list[float]
+    ) -> list[int]:
+        return sorted(set(explicit or [max(1, int(m * train_len)) for m in multiples]))
+
+
+def _finite(value: float | None) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def evaluate_model(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    tokens: np.ndarray,
+    cfg: EvalConfig,
+    *,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Every enabled evaluation of ``model`` on held-out ``tokens`` (1-D), as one record."""
+    train_len = model.config.block_size
+    record: dict[str, Any] = {"train_len": train_len}
+    if cfg.ppl:
+        lengths = cfg.lengths(train_len, cfg.ppl_lengths, cfg.ppl_multiples)
+        out = perplexity_vs_length(
+            model,
+            tokens,
+            lengths,
+            scalings=[None, *cfg.scalings],
+            max_tokens_per_length=cfg.ppl_tokens,
+            batch_size=cfg.batch_size,
+            progress=progress,
+        )["results"]
+        record["ppl"] = {str(n): _finite(r["ppl"]) for n, r in out["none"].items()}
+        record["ppl_scaled"] = {
+            kind: {str(n): _finite(r["ppl"]) for n, r in out[kind].items() if n > train_len}
+            for kind in cfg.scalings
+        }
+        longest = max(lengths)
+        record["position_loss"] = {
+            kind: {
+                str(longest): {
+                    "buckets": cells[longest]["position_buckets"],
+                    "loss": cells[longest]["position_loss"],
+                }
+            }
+            for kind, cells in out.items()
+        }
+        errors = {
+            f"{k}@{n}": r["error"] for k, c in out.items() for n, r in c.items() if r["error"]
+        }
+        if errors:
+            record["ppl_errors"] = errors
+    if cfg.ruler:
+        lengths = cfg.lengths(train_len, cfg.ruler_lengths, cfg.ruler_multiples)
+        record["ruler"] = {}
+        for kind in cfg.ruler_scalings:
+            out = evaluate_ruler(
+                model,
+                tokenizer,
+                cfg.ruler_tasks,
+                lengths,
+                cfg.ruler_samples,
+                cfg.seed,
+                tokens,
+                scaling=None if kind == "none" else kind,
+                qa_paths=cfg.qa_paths or None,
+                progress=progress,
+            )
+            record["ruler"][kind] = {
+                task: {
+                    str(n): {
+                        "nll": _finite(r["nll"]),
+                        "accuracy": r["accuracy"],
+                        "error": r["error"],
+                    }
+                    for n, r in cells.items()
+                }
+                for task, cells in out["results"].items()
+            }
+    if cfg.icl:
+        out = evaluate_icl(
+            model,
+            tokenizer,
+            cfg.icl_tasks,
+            n_items=cfg.icl_items,
+            max_tokens=cfg.icl_max_tokens,
+            seed=cfg.seed,
+            progress=False,
+        )
+        record["icl"] = {"mean_centered": out["score"], "tasks": out["tasks"]}
+    if cfg.core_bundle:
+        from rove.eval.core import evaluate_core
+
+        record["core"] = evaluate_core(
+            model,
+            tokenizer,
+            cfg.core_bundle,
+            max_per_task=cfg.core_max_per_task,
+            progress=progress,
+        )
+    return record
+
+
+def evaluate_checkpoint(
+    path: str | Path, cfg: EvalConfig, *, device: str = "cpu", progress: bool = True
+) -> dict[str, Any]:
+    """Load a checkpoint (or run folder), find its validation data, and evaluate it."""
+    from rove.data import (
+        check_tokenizer_identity,
+        default_data_dir,
+        get_tokenizer,
+        load_manifest,
+        load_split_tokens,
+    )
+    from rove.train.checkpoint import load_model
+
+    model, meta = load_model(path, device=device)
+    train_cfg = meta["train_config"]
+    tokenizer = get_tokenizer(meta["tokenizer"]["name"])
+    check_tokenizer_identity(meta["tokenizer"], tokenizer.identity(), f"checkpoint {path}")
+    data_dir = train_cfg.get("data_dir") or default_data_dir(
+        train_cfg["data"], train_cfg["tokenizer"]
+    )
+    check_tokenizer_identity(
+        load_manifest(data_dir)["tokenizer"], tokenizer.identity(), f"data {data_dir}"
+    )
+    tokens = load_split_tokens(data_dir, "val")
+    with torch.inference_mode():
+        record = evaluate_model(model, tokenizer, tokens, cfg, progress=progress)
+    record.update(
+        pos=model.config.pos,
+        seed=train_cfg.get("seed"),
+        checkpoint=meta["checkpoint"],
+        step=meta["step"],
+        tokens_seen=meta["tokens"],
+        eval_config=dataclasses.asdict(cfg),
+    )
+    return record
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rove eval",
+        description="Evaluate a checkpoint: perplexity vs length, RULER, few-shot ICL, CORE.",
+    )
+    p.add_argument("checkpoint", help="checkpoint folder or run folder (its latest checkpoint)")
+    p.add_argument("--out", help="JSON output file (default: <checkpoint>/eval.json)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    g = p.add_argument_group("perplexity vs length")
+    g.add_argument("--no-ppl", dest="ppl", action="store_false", help="skip perplexity")
+    g.add_argument("--ppl-lengths", type=int, nargs="+", help="lengths (default: multiples)")
+    g.add_argument(
+        "--ppl-multiples", type=float, nargs="+", default=[0.5, 1, 2, 4, 8, 16],
+        help="lengths as multiples of the training length",
+    )  # fmt: skip
+    g.add_argument("--scalings", nargs="*", default=["yarn"], help="yarn ntk linear dynamic-ntk")
+    g.add_argument("--ppl-tokens", type=int, default=65536, help="scored tokens per length")
+    g.add_argument("--batch-size", type=int, default=8, help="windows per forward at train length")
+    g = p.add_argument_group("RULER")
+    g.add_argument("--no-ruler", dest="ruler", action="store_false", help="skip RULER")
+    g.add_argument("--ruler-tasks", nargs="+", default=list(DEFAULT_RULER_TASKS), help="tasks")
+    g.add_argument("--ruler-lengths", type=int, nargs="+", help="lengths (default: multiples)")
+    g.add_argument("--ruler-multiples", type=float, nargs="+", default=[4, 8], help="x train len")
+    g.add_argument("--ruler-samples", type=int, default=20, help="samples per task and length")
+    g.add_argument("--squad", help="local SQuAD v2 json (enables qa_squad)")
+    g.add_argument("--hotpotqa", help="local HotpotQA json (enables qa_hotpot)")
+    g = p.add_argument_group("few-shot")
+    g.add_argument(
+        "--no-icl", dest="icl", action="store_false", help="skip the synthetic ICL suite"
+    )
+    g.add_argument("--icl-items", type=int, default=50, help="items per ICL task")
+    g.add_argument("--icl-max-tokens", type=int, help="longest ICL sequence (default train len)")
+    g.add_argument("--core-bundle", help="local DCLM eval bundle folder (enables CORE)")
+    g.add_argument("--core-max-per-task", type=int, help="cap items per CORE task")
+    g.add_argument("--seed", type=int, default=0, help="task generation seed")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    qa_paths = {k: v for k, v in (("qa_squad", args.squad), ("qa_hotpot", args.hotpotqa)) if v}
+    cfg = EvalConfig(
+        ppl=args.ppl,
+        ppl_multiples=args.ppl_multiples,
+        ppl_lengths=args.ppl_lengths,
+        scalings=args.scalings,
+        ppl_tokens=args.ppl_tokens,
+        batch_size=args.batch_size,
+        ruler=args.ruler,
+        ruler_tasks=args.ruler_tasks + list(qa_paths),
+        ruler_multiples=args.ruler_multiples,
+        ruler_lengths=args.ruler_lengths,
+        ruler_samples=args.ruler_samples,
+        qa_paths=qa_paths,
+        icl=args.icl,
+        icl_items=args.icl_items,
+        icl_max_tokens=args.icl_max_tokens,
+        core_bundle=args.core_bundle,
+        core_max_per_task=args.core_max_per_task,
+        seed=args.seed,
+    )
+    record = evaluate_checkpoint(args.checkpoint, cfg, device=args.device, progress=not args.quiet)
+    out = Path(args.out) if args.out else Path(record["checkpoint"]) / "eval.json"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(out)
+    print(f"wrote {out}")
+    for n, ppl in record.get("ppl", {}).items():
+        scaled = {k: v.get(n) for k, v in record.get("ppl_scaled", {}).items() if v.get(n)}
+        extra = "".join(f"  +{k}: {v:.2f}" for k, v in scaled.items())
+        print(f"  ppl@{n}: {ppl:.2f}{extra}" if ppl is not None else f"  ppl@{n}: n/a{extra}")
+    if "icl" in record:
+        print(f"  ICL mean centered accuracy: {record['icl']['mean_centered']:.4f}")
+    return 0
