@@ -1,0 +1,246 @@
+"""Training-step throughput: RoPE vs RoVE through rove's own step, and a minimal reference step.
+
+What is timed is one optimizer step exactly as ``rove.train`` runs it (``train_step``: bf16
+autocast forward, backward, global-norm clipping, AdamW, the loss read back to the host) on a
+fixed random batch, so data loading is excluded. Variants are timed interleaved (round-robin
+over repeats) because these machines are noisy; compare the ratios, not the absolute numbers.
+
+- CPU (default without CUDA): the tiny presets, RoPE and RoVE side by side.
+- CUDA: GPT-2 124M at batch 32 x 1024, bf16, compiled: RoPE, RoVE, and a minimal compiled
+  GPT-2 + RoPE step written in this file (no rove code at all) as the reference.
+  Goals: rove / rope <= 1.01, and rove's RoPE step within 5 % of the reference.
+
+Run:
+    python benchmarks/bench_train.py --quick            # CPU smoke test (~1 min)
+    python benchmarks/bench_train.py                    # CPU: nano, tiny, small
+    python benchmarks/bench_train.py --device cuda      # GPU: 124M rope / rove / reference
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from rove.model import GPT, GPTConfig
+from rove.train.config import TrainConfig, build_model_config
+from rove.train.distributed import DistInfo
+from rove.train.loop import autocast_dtype, configure_optimizer, train_step
+from rove.train.metrics import mfu, peak_bf16_flops
+
+BYTE_VOCAB = 257
+GPT2_VOCAB = 50257
+
+
+# ---------------------------------------------------------------------------- minimal reference
+def _rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half-split RoPE of ``x`` (B, H, T, D) with tables (T, D/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class _RefBlock(nn.Module):
+    def __init__(self, c: int, n_head: int) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.ln_1, self.ln_2 = nn.LayerNorm(c, bias=False), nn.LayerNorm(c, bias=False)
+        self.qkv, self.proj = nn.Linear(c, 3 * c, bias=False), nn.Linear(c, c, bias=False)
+        self.fc, self.fc_proj = nn.Linear(c, 4 * c, bias=False), nn.Linear(4 * c, c, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        qkv = self.qkv(self.ln_1(x)).view(b, t, 3, self.n_head, c // self.n_head)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
+        q, k = _rope_half(q, cos, sin).type_as(v), _rope_half(k, cos, sin).type_as(v)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.fc_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class RefGPT(nn.Module):
+    """Plain GPT-2 with RoPE: the same shapes as rove's GPT(pos="rope"), none of its machinery."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(_RefBlock(cfg.n_embd, cfg.n_head) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=False)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
+        half = cfg.head_dim // 2
+        inv_freq = cfg.rope_base ** (-torch.arange(half, dtype=torch.float64) / half)
+        angles = torch.outer(torch.arange(cfg.block_size, dtype=torch.float64), inv_freq)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)  # (T, D/2)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        for p in self.parameters():
+            nn.init.normal_(p, std=0.02) if p.dim() == 2 else nn.init.ones_(p)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.wte(idx)
+        cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def reference_step(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> Callable[[], None]:
+    def step() -> None:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+
+    return step
+
+
+# ---------------------------------------------------------------------------- rove's step
+def bench_config(preset: str, args: argparse.Namespace) -> TrainConfig:
+    """The preset's CPU/GPU recipe with the benchmark's batch (one micro-step per step)."""
+    base = TrainConfig(preset=preset, seq_len=args.seq_len, compile=args.compile).resolve()
+    batch = args.batch or base.micro_batch
+    return dataclasses.replace(base, micro_batch=batch, tokens_per_step=batch * base.seq_len)
+
+
+def make_variant(name: str, cfg: TrainConfig, device: torch.device) -> Callable[[], None]:
+    """One training step of ``name`` in rope | rove | reference."""
+    cfg = dataclasses.replace(cfg, pos="rope" if name == "reference" else name)
+    vocab = GPT2_VOCAB if device.type == "cuda" else BYTE_VOCAB
+    model_cfg = build_model_config(cfg, vocab)
+    torch.manual_seed(0)
+    x = torch.randint(0, vocab, (cfg.micro_batch, cfg.seq_len), device=device)  # (B, T)
+    y = torch.roll(x, -1, dims=1)
+    if name == "reference":
+        ref = RefGPT(model_cfg).to(device)
+        opt = torch.optim.AdamW(
+            [
+                {"params": [p for p in ref.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+                {"params": [p for p in ref.parameters() if p.dim() < 2], "weight_decay": 0.0},
+            ],
+            lr=1e-4,
+            betas=(0.9, 0.95),
+            fused=device.type == "cuda" or None,
+        )
+        return reference_step(torch.compile(ref) if cfg.compile else ref, opt, x, y)
+    model = GPT(model_cfg).to(device)
+    opt = configure_optimizer(model, cfg, device)
+    compiled = torch.compile(model) if cfg.compile else model
+    info = DistInfo(0, 0, 1, device, owns_group=False)
+    amp = autocast_dtype("bf16", device)
+
+    def step() -> None:
+        train_step(
+            compiled,
+            opt,
+            lambda: (x, y),
+            grad_accum=1,
+            lr=1e-4,
+            grad_clip=1.0,
+            amp=amp,
+            info=info,
+        )
+
+    return step
+
+
+def time_variants(steps: dict[str, Callable[[], None]], args: argparse.Namespace) -> dict:
+    """Median seconds per step of each variant, timed round-robin."""
+    for step in steps.values():
+        for _ in range(args.warmup):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(args.repeats):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()  # train_step and reference_step both end with loss.item(): synchronous
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def run(args: argparse.Namespace) -> str:
+    device = torch.device(args.device)
+    names = ["rope", "rove"] + (["reference"] if device.type == "cuda" else [])
+    peak = peak_bf16_flops(device)
+    lines = [
+        "| preset | variant | batch x seq | ms/step | tokens/s | MFU | time / rope |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    goals: list[str] = []
+    for preset in args.presets:
+        cfg = bench_config(preset, args)
+        vocab = GPT2_VOCAB if device.type == "cuda" else BYTE_VOCAB
+        flops = GPT(build_model_config(cfg, vocab)).flops_per_token(cfg.seq_len)
+        steps = {name: make_variant(name, cfg, device) for name in names}
+        batch, tokens = cfg.micro_batch, cfg.micro_batch * cfg.seq_len
+        medians = time_variants(steps, args)
+        for name in names:
+            sec = medians[name]
+            util = mfu(flops, tokens / sec, peak)
+            lines.append(
+                f"| {preset} | {name} | {batch} x {cfg.seq_len} | {1000 * sec:.1f} | "
+                f"{tokens / sec:,.0f} | {'-' if util is None else f'{100 * util:.1f}%'} | "
+                f"{sec / medians['rope']:.3f} |"
+            )
+        if "reference" in medians:
+            rove_rope = medians["rove"] / medians["rope"]
+            rope_ref = medians["rope"] / medians["reference"]
+            goals.append(
+                f"{preset}: rove/rope {rove_rope:.3f} (goal <= 1.01: "
+                f"{'met' if rove_rope <= 1.01 else 'missed'}); rove's rope step / reference "
+                f"{rope_ref:.3f} (goal <= 1.05: {'met' if rope_ref <= 1.05 else 'missed'})"
+            )
+    device_name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    )
+    header = (
+        f"bench_train {dt.date.today()} on {device_name}, torch {torch.__version__}, "
+        f"bf16 autocast, compile={args.compile}, median of {args.repeats} interleaved steps"
+    )
+    return "\n\n".join([header, "\n".join(lines), *goals])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    cuda = torch.cuda.is_available()
+    p.add_argument("--device", default="cuda" if cuda else "cpu", help="cpu or cuda")
+    p.add_argument("--presets", nargs="+", help="model presets (default: by device)")
+    p.add_argument("--batch", type=int, help="rows per step (default: 32 on CUDA, recipe's on CPU)")
+    p.add_argument("--seq-len", type=int, help="tokens per row (default: the preset's)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
+    p.add_argument("--repeats", type=int, default=20, help="timed steps per variant")
+    p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    p.add_argument("--quick", action="store_true", help="CPU smoke test: nano + tiny, few steps")
+    args = p.parse_args(argv)
+    on_cuda = args.device.startswith("cuda")
+    if args.quick:
+        args.presets = args.presets or ["nano", "tiny"]
+        args.warmup, args.repeats = 1, 5
+    args.presets = args.presets or (["gpt2-124m"] if on_cuda else ["nano", "tiny", "small"])
+    if args.compile is None:
+        args.compile = on_cuda
+    if on_cuda and args.batch is None:
+        args.batch = 32
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(run(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""Training: config and recipes, LR schedules, pickle-free checkpoints, DDP and the loop.
+
+Typical use::
+
+    from rove.train import TrainConfig, train, load_model
+    run_dir = train(TrainConfig(preset="nano", pos="rove", max_steps=100))
+    model, meta = load_model(run_dir)
+
+The command line is ``rove train`` (``rove.train.cli.main``), which also runs under
+``torchrun --nproc_per_node=N -m rove.train.cli``.
+"""
+
+from rove.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    load_model,
+    save_checkpoint,
+)
+from rove.train.config import RECIPES, TrainConfig, build_model_config
+from rove.train.loop import NonFiniteLossError, train
+from rove.train.schedule import cosine_schedule, lr_multiplier, wsd_schedule
+
+__all__ = [
+    "RECIPES",
+    "CheckpointError",
+    "NonFiniteLossError",
+    "TrainConfig",
+    "build_model_config",
+    "cosine_schedule",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_model",
+    "lr_multiplier",
+    "save_checkpoint",
+    "train",
+    "wsd_schedule",
+]

@@ -1,0 +1,173 @@
+"""``rove train``: the command line over :func:`rove.train.train`.
+
+Examples::
+
+    rove train --preset nano --pos rove                       # seconds on a CPU
+    rove train --preset gpt2-124m --pos rope --data fineweb-edu
+    torchrun --nproc_per_node=8 -m rove.train.cli --preset gpt2-354m --pos rove
+    rove train --preset gpt2-124m --dry-run                   # print the resolved recipe
+
+Every flag maps to one ``TrainConfig`` field. Flags left out keep the sentinel ``None`` and are
+filled from the preset's recipe (``rove.train.config.RECIPES``), so ``--preset gpt2-124m`` alone
+is the paper's recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+
+from rove.model import POSITIONS, PRESETS
+from rove.train.config import DECAY_SHAPES, DTYPES, LOGGERS, SCHEDULES, TOKENIZERS, TrainConfig
+
+__all__ = ["build_parser", "config_from_args", "main"]
+
+RECIPE = "default: from the preset's recipe"
+# GPTConfig fields with their own flag, mapped into TrainConfig.model_overrides.
+_MODEL_FLAGS = ("n_kv_head", "shared_kv", "rotary_dim", "rope_base", "rope_convention", "dropout")
+
+
+def _key_value(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.replace("-", "_"), json.loads(value)
+    except json.JSONDecodeError:
+        return key.replace("-", "_"), value
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows real defaults; sentinels (None, off switches, empty lists) are explained in help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, []):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rove train",
+        description="Train a GPT-2 style model with a given position encoding (RoPE, RoVE, ...).",
+        formatter_class=_Formatter,
+    )
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--preset", default="tiny", choices=sorted(PRESETS), help="model size and recipe"
+    )
+    g.add_argument("--pos", default="rove", choices=POSITIONS, help="position encoding")
+    g.add_argument("--n-kv-head", type=int, help="key/value heads (GQA); default: n_head")
+    g.add_argument(
+        "--shared-kv", action="store_true", default=None, help="one projection for K and V (K = V)"
+    )
+    g.add_argument("--rotary-dim", type=int, help="rotated channels per head; default: all")
+    g.add_argument("--rope-base", type=float, help="rotary base theta; default: 10000")
+    g.add_argument("--rope-convention", choices=("half", "interleaved"), help="rotary pairs")
+    g.add_argument("--dropout", type=float, help="dropout rate; default: 0")
+    g.add_argument(
+        "--model",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other GPTConfig field (VALUE parsed as JSON), e.g. --model bias=true",
+    )
+    g = p.add_argument_group("data")
+    g.add_argument("--data", help=f"'stdlib', 'fineweb-edu' or a local path; {RECIPE}")
+    g.add_argument("--tokenizer", choices=TOKENIZERS, help=f"tokenizer; {RECIPE}")
+    g.add_argument("--data-dir", help="prepared data folder; default: rove's data cache")
+    g.add_argument("--data-max-tokens", type=int, help="prepare at most this many tokens")
+    g.add_argument("--seq-len", type=int, help="training context; default: the preset's")
+    g = p.add_argument_group("batch and length")
+    g.add_argument("--tokens-per-step", type=int, help=f"global batch in tokens; {RECIPE}")
+    g.add_argument("--micro-batch", type=int, help=f"rows per forward per process; {RECIPE}")
+    g.add_argument("--max-steps", type=int, help=f"optimizer steps; {RECIPE}")
+    g.add_argument("--token-budget", type=int, help="training tokens (instead of --max-steps)")
+    g = p.add_argument_group("optimizer and schedule")
+    g.add_argument("--lr", type=float, help=f"peak learning rate; {RECIPE}")
+    g.add_argument("--min-lr-ratio", type=float, default=0.1, help="final LR / peak LR")
+    g.add_argument("--warmup-steps", type=int, help=f"linear warm-up steps; {RECIPE}")
+    g.add_argument("--schedule", choices=SCHEDULES, default="cosine", help="LR schedule")
+    g.add_argument("--decay-fraction", type=float, default=0.2, help="wsd: fraction decaying")
+    g.add_argument("--decay-shape", choices=DECAY_SHAPES, default="linear", help="wsd decay")
+    g.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
+    g.add_argument("--beta2", type=float, default=0.95, help="AdamW beta2")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="on matrices/embeddings")
+    g.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm; 0 = off")
+    g = p.add_argument_group("system")
+    g.add_argument("--dtype", choices=DTYPES, default="bf16", help="bf16 autocast or fp32")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
+    g.add_argument("--seed", type=int, default=0, help="weights' init and data order")
+    g = p.add_argument_group("evaluation, checkpoints and output")
+    g.add_argument("--eval-interval", type=int, help=f"steps between evals, 0 = end; {RECIPE}")
+    g.add_argument("--eval-tokens", type=int, help=f"validation tokens per eval; {RECIPE}")
+    g.add_argument("--checkpoint-interval", type=int, help=f"0 = final only; {RECIPE}")
+    g.add_argument("--keep-checkpoints", type=int, default=2, help="kept on disk; 0 = all")
+    g.add_argument("--out-dir", default="runs", help="parent of run directories")
+    g.add_argument("--run-name", help="run directory name; default: <preset>-<pos>-seed<seed>")
+    g.add_argument("--log", choices=LOGGERS, action="append", default=[], help="extra logger")
+    g.add_argument("--wandb-project", default="rove", help="W&B project for --log wandb")
+    g.add_argument("--resume", action="store_true", help="continue the run's latest checkpoint")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The ``TrainConfig`` described by parsed arguments (sentinels left as ``None``)."""
+    overrides = dict(args.model)
+    for name in _MODEL_FLAGS:
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    fields = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(TrainConfig)
+        if f.name not in ("model_overrides", "loggers") and hasattr(args, f.name)
+    }
+    return TrainConfig(model_overrides=overrides, loggers=list(dict.fromkeys(args.log)), **fields)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``rove train``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    try:
+        cfg = config_from_args(args).resolve()
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        grad_accum = cfg.grad_accum_steps(world)
+    except ValueError as err:
+        print(f"rove train: error: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        if main_rank:
+            print(json.dumps({**cfg.to_dict(), "grad_accum": grad_accum}, indent=2))
+        return 0
+    if main_rank:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from rove.train.loop import NonFiniteLossError, train  # heavy imports only when training
+
+    try:
+        run_dir = train(cfg, progress=not args.no_progress, resume=args.resume)
+    except (ValueError, FileExistsError, FileNotFoundError, NonFiniteLossError) as err:
+        print(f"rove train: error: {err}", file=sys.stderr)
+        return 1
+    if main_rank:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        rate = summary["tokens_per_s"]
+        print(
+            f"{run_dir}: {summary['steps']} steps, {summary['tokens']:,} tokens, "
+            f"train loss {summary['final_train_loss']:.4f}, val loss "
+            f"{summary['final_val_loss']:.4f}, {rate or 0:,.0f} tok/s, "
+            f"{summary['wall_time_s']:.0f} s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

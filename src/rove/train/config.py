@@ -1,0 +1,367 @@
+"""``TrainConfig``: every knob of a training run, its preset recipes, and their resolution.
+
+Why a dataclass with ``None`` sentinels: the right learning rate, batch and data depend on the
+model size, so ``TrainConfig(preset="gpt2-124m")`` must mean the paper's recipe and
+``TrainConfig(preset="nano")`` a seconds-long CPU run. A field left at ``None`` takes its value
+from ``RECIPES[preset]`` in :meth:`TrainConfig.resolve`; the resolved config (no ``None`` left
+except genuinely optional fields) is what a run stores in ``config.json`` and every checkpoint.
+
+The paper recipe (section 3 of the project's paper notes; the paper itself gives no optimiser
+settings, so this is the standard GPT-2 recipe it is assumed to follow):
+AdamW (0.9, 0.95), weight decay 0.1, peak LR 6e-4 (124M) / 3e-4 (354M), 700 warm-up steps,
+cosine to 10 %, 524,288 tokens per step, bf16, context 1024, FineWeb-Edu sample-10BT with the
+GPT-2 tokenizer for 10B tokens: ``10e9 // 524288 = 19,073`` steps (one epoch).
+
+Assumptions the paper leaves open are listed in ``docs/training.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from rove.model import POSITIONS, PRESETS, GPTConfig, get_preset
+
+__all__ = [
+    "DECAY_SHAPES",
+    "DTYPES",
+    "LOGGERS",
+    "RECIPES",
+    "RESUMABLE_CHANGES",
+    "SCHEDULES",
+    "TOKENIZERS",
+    "TrainConfig",
+    "build_model_config",
+    "pad_vocab",
+]
+
+SCHEDULES = ("cosine", "wsd")
+DECAY_SHAPES = ("linear", "cosine")
+DTYPES = ("bf16", "fp32")
+TOKENIZERS = ("gpt2", "byte")
+LOGGERS = ("tensorboard", "wandb")
+VOCAB_MULTIPLE = 64
+# Set by the run itself, never by an override: vocab_size from the tokenizer, block_size from
+# seq_len, pos from its own field.
+DERIVED_MODEL_FIELDS = ("vocab_size", "block_size", "pos")
+# Fields a resumed run may change: they affect logging, speed or bookkeeping, not the math
+# (micro_batch changes only the float summation order of gradient accumulation).
+RESUMABLE_CHANGES = (
+    "micro_batch",
+    "compile",
+    "device",
+    "data_dir",
+    "eval_interval",
+    "checkpoint_interval",
+    "keep_checkpoints",
+    "loggers",
+    "wandb_project",
+)
+
+_PAPER = dict(
+    data="fineweb-edu",
+    tokenizer="gpt2",
+    warmup_steps=700,
+    tokens_per_step=524_288,  # 2**19: 512 rows x 1024 tokens
+    token_budget=10_000_000_000,  # FineWeb-Edu sample-10BT, one epoch
+    eval_interval=250,
+    eval_tokens=10_485_760,  # 20 global batches of validation tokens
+    checkpoint_interval=1000,
+)
+# Values for the ``None`` fields of TrainConfig, per model preset.
+RECIPES: dict[str, dict] = {
+    "gpt2-124m": dict(_PAPER, lr=6e-4, micro_batch=32),
+    "gpt2-354m": dict(_PAPER, lr=3e-4, micro_batch=16),
+    # CPU recipes: byte tokenizer on the embedded stdlib corpus, no network needed.
+    "small": dict(
+        data="stdlib",
+        tokenizer="byte",
+        lr=1e-3,
+        warmup_steps=100,
+        tokens_per_step=16_384,
+        micro_batch=16,
+        max_steps=2000,
+        eval_interval=200,
+        eval_tokens=262_144,
+        checkpoint_interval=500,
+    ),
+    "tiny": dict(
+        data="stdlib",
+        tokenizer="byte",
+        lr=2e-3,
+        warmup_steps=50,
+        tokens_per_step=8192,
+        micro_batch=32,
+        max_steps=1000,
+        eval_interval=100,
+        eval_tokens=65_536,
+        checkpoint_interval=250,
+    ),
+    "nano": dict(
+        data="stdlib",
+        tokenizer="byte",
+        lr=3e-3,
+        warmup_steps=10,
+        tokens_per_step=1024,
+        micro_batch=32,
+        max_steps=200,
+        eval_interval=50,
+        eval_tokens=8192,
+        checkpoint_interval=100,
+    ),
+}
+# Fields whose None means "from the recipe" (max_steps / token_budget are resolved together).
+_RECIPE_FIELDS = (
+    "data",
+    "tokenizer",
+    "lr",
+    "warmup_steps",
+    "tokens_per_step",
+    "micro_batch",
+    "eval_interval",
+    "eval_tokens",
+    "checkpoint_interval",
+)
+
+
+def pad_vocab(vocab_size: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """``vocab_size`` rounded up to a multiple of ``multiple`` (50257 -> 50304, 257 -> 320)."""
+    return -(-vocab_size // multiple) * multiple
+
+
+@dataclass
+class TrainConfig:
+    """A training run. ``None`` fields come from ``RECIPES[preset]`` (see :meth:`resolve`)."""
+
+    # --- model ---
+    preset: str = "tiny"  # model preset: gpt2-124m | gpt2-354m | small | tiny | nano
+    pos: str = "rove"  # position encoding: learned | nope | rope | rove (the experiment's variable)
+    model_overrides: dict = field(default_factory=dict)  # other GPTConfig fields, e.g. shared_kv
+    # --- data ---
+    data: str | None = None  # corpus: "stdlib" | "fineweb-edu" | a local file/folder path
+    tokenizer: str | None = None  # "gpt2" | "byte"; the model's vocab is its size padded to 64
+    data_dir: str | None = None  # prepared data folder; None = rove.data.default_data_dir(...)
+    data_max_tokens: int | None = None  # cap on tokens prepared (train + val); None = whole corpus
+    seq_len: int | None = None  # training context (the model's block_size); None = preset's
+    # --- batch and length ---
+    tokens_per_step: int | None = None  # global batch in tokens per optimizer step
+    micro_batch: int | None = None  # rows per forward pass per process (sets grad accumulation)
+    max_steps: int | None = None  # optimizer steps; None = token_budget // tokens_per_step
+    token_budget: int | None = None  # training tokens; used when max_steps is None
+    # --- optimizer and schedule ---
+    lr: float | None = None  # peak learning rate
+    min_lr_ratio: float = 0.1  # final LR as a fraction of the peak
+    warmup_steps: int | None = None  # linear warm-up from lr / warmup_steps to lr
+    schedule: str = "cosine"  # "cosine" (to min_lr_ratio) | "wsd" (warm-up, stable, decay)
+    decay_fraction: float = 0.2  # wsd only: fraction of max_steps spent decaying
+    decay_shape: str = "linear"  # wsd only: "linear" | "cosine" decay
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    weight_decay: float = 0.1  # AdamW decoupled decay on >= 2-D tensors (matrices, embeddings)
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    # --- system ---
+    dtype: str = "bf16"  # "bf16" autocast (fp32 weights) where the device supports it | "fp32"
+    compile: bool = False  # torch.compile the model
+    device: str = "auto"  # "auto" (CUDA if available, else CPU) | "cpu" | "cuda"
+    seed: int = 0  # seeds the weights' init and the training data order
+    # --- evaluation, checkpoints, logging ---
+    eval_interval: int | None = (
+        None  # validate every this many steps (and at 0 and the end); 0 = only at the end
+    )
+    eval_tokens: int | None = None  # validation tokens per evaluation (a fixed set, see loop.py)
+    checkpoint_interval: int | None = (
+        None  # checkpoint every this many steps; 0 = only the final one
+    )
+    keep_checkpoints: int = 2  # most recent checkpoints kept on disk; 0 = keep all
+    out_dir: str = "runs"  # parent folder of run directories
+    run_name: str | None = None  # run directory name; None = "<preset>-<pos>-seed<seed>"
+    loggers: list[str] = field(default_factory=list)  # extra backends: "tensorboard", "wandb"
+    wandb_project: str = "rove"  # W&B project, when "wandb" is in loggers
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the offending field; ``None`` sentinels are accepted."""
+        _choice("preset", self.preset, tuple(PRESETS))
+        _choice("pos", self.pos, POSITIONS)
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("decay_shape", self.decay_shape, DECAY_SHAPES)
+        _choice("dtype", self.dtype, DTYPES)
+        if self.tokenizer is not None:
+            _choice("tokenizer", self.tokenizer, TOKENIZERS)
+        if self.data is not None and (not isinstance(self.data, str) or not self.data):
+            raise ValueError(f"data must be a corpus name or path, got {self.data!r}")
+        if not isinstance(self.model_overrides, dict):
+            raise ValueError(f"model_overrides must be a dict, got {self.model_overrides!r}")
+        derived = sorted(set(self.model_overrides) & set(DERIVED_MODEL_FIELDS))
+        if derived:
+            raise ValueError(
+                f"model_overrides may not set {derived}: vocab_size comes from the tokenizer, "
+                "block_size from seq_len and pos from the pos field"
+            )
+        for name in ("seq_len", "tokens_per_step", "micro_batch", "max_steps", "token_budget"):
+            _positive_int(name, getattr(self, name), optional=True)
+        _positive_int("data_max_tokens", self.data_max_tokens, optional=True)
+        for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "keep_checkpoints"):
+            _nonnegative_int(name, getattr(self, name), optional=name != "keep_checkpoints")
+        _positive_int("eval_tokens", self.eval_tokens, optional=True)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
+        if self.lr is not None and not (_number(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        for name, lo, hi in (
+            ("min_lr_ratio", 0.0, 1.0),
+            ("beta1", 0.0, 1.0 - 1e-12),
+            ("beta2", 0.0, 1.0 - 1e-12),
+            ("decay_fraction", 0.0, 1.0),
+        ):
+            value = getattr(self, name)
+            if not (_number(value) and lo <= value <= hi):
+                raise ValueError(f"{name} must be a number in [{lo}, {hi:g}], got {value!r}")
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if not (_number(value) and value >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be a bool, got {self.compile!r}")
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except (RuntimeError, TypeError):
+                raise ValueError(
+                    f"device must be 'auto' or a torch device such as 'cpu' or 'cuda', "
+                    f"got {self.device!r}"
+                ) from None
+        if not isinstance(self.loggers, list) or any(x not in LOGGERS for x in self.loggers):
+            raise ValueError(f"loggers must be a list drawn from {LOGGERS}, got {self.loggers!r}")
+        for name in ("out_dir", "wandb_project"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+        if self.run_name is not None and (
+            not isinstance(self.run_name, str) or not self.run_name or "/" in self.run_name
+        ):
+            raise ValueError(
+                f"run_name must be a non-empty name without '/', got {self.run_name!r}"
+            )
+        try:
+            build_model_config(self, vocab_size=VOCAB_MULTIPLE)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"model_overrides: {err}") from None
+        if self.max_steps is not None and self.warmup_steps is not None:
+            if self.schedule == "wsd":
+                decay_start = self.max_steps - round(self.decay_fraction * self.max_steps)
+                if self.warmup_steps > decay_start:
+                    raise ValueError(
+                        f"warmup_steps ({self.warmup_steps}) must end before the wsd decay "
+                        f"starts at step {decay_start} (max_steps {self.max_steps}, "
+                        f"decay_fraction {self.decay_fraction})"
+                    )
+            elif self.warmup_steps > self.max_steps:
+                raise ValueError(
+                    f"warmup_steps ({self.warmup_steps}) must be <= max_steps ({self.max_steps})"
+                )
+
+    # ------------------------------------------------------------------ resolution
+    def resolve(self) -> TrainConfig:
+        """A copy with every recipe sentinel filled in; idempotent.
+
+        ``seq_len`` defaults to the preset's block size. ``max_steps`` defaults to
+        ``token_budget // tokens_per_step``; when both are given they must agree.
+        """
+        recipe = RECIPES[self.preset]
+        values = dataclasses.asdict(self)
+        for name in _RECIPE_FIELDS:
+            if values[name] is None:
+                values[name] = recipe[name]
+        if values["seq_len"] is None:
+            values["seq_len"] = PRESETS[self.preset].get("block_size", GPTConfig.block_size)
+        if values["run_name"] is None:
+            values["run_name"] = f"{self.preset}-{self.pos}-seed{self.seed}"
+        per_step = values["tokens_per_step"]
+        steps, budget = values["max_steps"], values["token_budget"]
+        if steps is None:
+            if budget is None:
+                steps, budget = recipe.get("max_steps"), recipe.get("token_budget")
+            if steps is None:
+                steps = budget // per_step
+                if steps < 1:
+                    raise ValueError(
+                        f"token_budget ({budget}) is smaller than one step of "
+                        f"tokens_per_step ({per_step})"
+                    )
+        elif budget is not None and budget // per_step != steps:
+            raise ValueError(
+                f"max_steps ({steps}) and token_budget ({budget}) disagree: the budget gives "
+                f"{budget // per_step} steps of {per_step} tokens; set only one"
+            )
+        values["max_steps"], values["token_budget"] = steps, budget
+        return TrainConfig(**values)
+
+    def grad_accum_steps(self, world_size: int = 1) -> int:
+        """Micro-steps per optimizer step: ``tokens_per_step / (micro_batch * seq_len * world)``."""
+        cfg = self if self.is_resolved() else self.resolve()
+        per_micro = cfg.micro_batch * cfg.seq_len * world_size
+        if cfg.tokens_per_step % per_micro:
+            raise ValueError(
+                f"tokens_per_step ({cfg.tokens_per_step}) must be a multiple of micro_batch "
+                f"({cfg.micro_batch}) x seq_len ({cfg.seq_len}) x world_size ({world_size}) "
+                f"= {per_micro}"
+            )
+        return cfg.tokens_per_step // per_micro
+
+    def is_resolved(self) -> bool:
+        return all(
+            getattr(self, name) is not None
+            for name in (*_RECIPE_FIELDS, "seq_len", "max_steps", "run_name")
+        )
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are refused so a typo never trains."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown TrainConfig field(s) {unknown}; known fields: {sorted(known)}"
+            )
+        return cls(**data)
+
+
+def build_model_config(cfg: TrainConfig, vocab_size: int) -> GPTConfig:
+    """The run's ``GPTConfig``: preset + overrides + ``pos``, ``block_size = seq_len`` and
+    ``vocab_size`` padded up to a multiple of 64."""
+    overrides = dict(cfg.model_overrides, pos=cfg.pos, vocab_size=pad_vocab(vocab_size))
+    if cfg.seq_len is not None:
+        overrides["block_size"] = cfg.seq_len
+    return get_preset(cfg.preset, **overrides)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {choices}")
+
+
+def _positive_int(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _nonnegative_int(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")

@@ -1,0 +1,505 @@
+"""The training loop: ``train(cfg)`` from a ``TrainConfig`` to a run directory.
+
+Run directory (``<out_dir>/<run_name>/``)::
+
+    config.json     resolved TrainConfig + GPTConfig + tokenizer identity + world size
+    metrics.jsonl   one record per step (loss, lr, tokens, tok/s, grad norm, val loss, MFU)
+    checkpoints/    see rove.train.checkpoint
+    summary.json    final train/val loss, tokens, wall time, tokens/s
+
+Notable features:
+- One code path for 1..N processes (torchrun) and CPU/CUDA; DDP gradient sync happens only on
+  the last micro-step (``no_sync`` on the others).
+- Exact resume: the LR is a function of the step, the data order of the loader's position, and
+  weights, AdamW state and every rank's RNG states are restored bit for bit, so on CPU an
+  interrupted and resumed run reproduces the uninterrupted run's losses exactly (same
+  micro_batch and world size).
+- Validation uses a fixed set of windows (the loader's seed-0 order of the val split), the same
+  for every run with the same data, seq_len, eval_tokens and global micro-batch.
+- A non-finite loss or gradient norm stops the run before the optimizer step, with an error
+  naming the step, and no checkpoint of that state is written.
+- Silent when called from Python apart from the progress bar (``progress=False`` removes it);
+  messages go to the ``rove.train`` logger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import platform
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+
+from rove import __version__
+from rove.data import (
+    TokenLoader,
+    check_tokenizer_identity,
+    default_data_dir,
+    get_tokenizer,
+    load_manifest,
+    prepare_dataset,
+)
+from rove.model import GPT
+from rove.train.checkpoint import (
+    CHECKPOINTS,
+    CheckpointError,
+    capture_rng,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_model,
+    restore_rng,
+    save_checkpoint,
+)
+from rove.train.config import RESUMABLE_CHANGES, TrainConfig, build_model_config
+from rove.train.distributed import (
+    DistInfo,
+    all_gather_objects,
+    all_reduce_mean,
+    barrier,
+    init_distributed,
+    shutdown_distributed,
+    wrap_ddp,
+)
+from rove.train.metrics import (
+    METRICS_FILE,
+    SUMMARY_FILE,
+    MetricsLogger,
+    mfu,
+    peak_bf16_flops,
+    write_summary,
+)
+from rove.train.schedule import lr_multiplier
+
+__all__ = [
+    "NonFiniteLossError",
+    "autocast_dtype",
+    "configure_optimizer",
+    "evaluate",
+    "train",
+    "train_step",
+]
+
+log = logging.getLogger("rove.train")
+CONFIG_FILE = "config.json"
+VAL_SEED = 0  # the val windows' order never depends on the run's seed
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss, gradient norm or validation loss became NaN or infinite."""
+
+
+def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """bf16 for ``dtype="bf16"`` on CPU or a bf16-capable GPU, else None (plain fp32)."""
+    if dtype != "bf16":
+        return None
+    if device.type == "cpu":
+        return torch.bfloat16
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def configure_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on tensors of >= 2 dims (matrices and the tied embedding), none
+    on norms and biases; fused on CUDA. The LR is set per step by the loop."""
+    params = list(model.named_parameters())  # tied weights appear once
+    decay = [p for _, p in params if p.dim() >= 2]
+    no_decay = [p for _, p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=1e-8,
+        fused=device.type == "cuda" or None,
+    )
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    *,
+    grad_accum: int,
+    lr: float,
+    grad_clip: float,
+    amp: torch.dtype | None,
+    info: DistInfo,
+) -> tuple[float, float]:
+    """One optimizer step over ``grad_accum`` micro-batches; returns (mean loss, grad norm).
+
+    ``model`` may be DDP-wrapped and/or compiled and returns the mean loss for ``(x, y)``.
+    The loss is averaged over micro-steps and ranks. Raises ``NonFiniteLossError`` before
+    touching the weights if the loss or the gradient norm is not finite.
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    device = info.device
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(grad_accum):
+        x, y = next_batch()
+        x, y = _to_device(x, device), _to_device(y, device)  # (B, T) each
+        last = micro == grad_accum - 1
+        sync = (
+            contextlib.nullcontext()
+            if last or not isinstance(model, DistributedDataParallel)
+            else model.no_sync()
+        )
+        with sync:
+            with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+                loss = model(x, y)
+            (loss / grad_accum).backward()
+        loss_sum += loss.detach()
+    mean_loss = all_reduce_mean(loss_sum / grad_accum, info)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    loss_value, norm_value = mean_loss.item(), norm.item()
+    if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteLossError(
+            f"non-finite training loss ({loss_value}) or gradient norm ({norm_value})"
+        )
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_value, norm_value
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    data_dir: Path,
+    cfg: TrainConfig,
+    info: DistInfo,
+    amp: torch.dtype | None,
+) -> float:
+    """Mean validation loss over the fixed val windows (see module docstring)."""
+    loader = TokenLoader(
+        data_dir,
+        "val",
+        cfg.micro_batch,
+        cfg.seq_len,
+        rank=info.rank,
+        world_size=info.world_size,
+        seed=VAL_SEED,
+    )
+    per_batch = cfg.micro_batch * cfg.seq_len * info.world_size
+    available = loader.num_windows * cfg.seq_len
+    n_batches = max(1, min(cfg.eval_tokens, available) // per_batch)
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), device=info.device)
+    for _ in range(n_batches):
+        x, y = loader.next_batch()
+        x, y = _to_device(x, info.device), _to_device(y, info.device)
+        with torch.autocast(info.device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+            total += model(x, y).float()
+    model.train(was_training)
+    return all_reduce_mean(total / n_batches, info).item()
+
+
+# ---------------------------------------------------------------------------- set-up helpers
+def _prepare_data(cfg: TrainConfig, info: DistInfo, progress: bool) -> tuple[Path, dict]:
+    """(data folder, tokenizer identity); the data is prepared if it is not there yet.
+
+    A given ``data_dir`` with a manifest is used as is. Under torchrun the data must exist
+    beforehand: preparing FineWeb-Edu takes far longer than a collective's timeout.
+    """
+    tok = get_tokenizer(cfg.tokenizer)
+    explicit = cfg.data_dir is not None
+    data_dir = Path(cfg.data_dir) if explicit else default_data_dir(cfg.data, cfg.tokenizer)
+    prepared = (data_dir / "manifest.json").is_file()
+    if info.distributed and not prepared:
+        max_tokens = f" --max-tokens {cfg.data_max_tokens}" if cfg.data_max_tokens else ""
+        raise FileNotFoundError(
+            f"{data_dir}: no prepared data; before a multi-process run prepare it once with "
+            f"`rove data prepare --source {cfg.data} --tokenizer {cfg.tokenizer} "
+            f"--out {data_dir}{max_tokens}`"
+        )
+    if info.is_main and not (explicit and prepared):
+        log.info("preparing %s (%s) in %s", cfg.data, cfg.tokenizer, data_dir)
+        prepare_dataset(
+            cfg.data,
+            data_dir,
+            cfg.tokenizer,
+            max_tokens=cfg.data_max_tokens,
+            workers=1
+            if cfg.tokenizer == "byte"
+            else None,  # bytes: a pool costs more than it saves
+            progress=progress,
+        )
+    barrier(info)
+    manifest = load_manifest(data_dir)
+    check_tokenizer_identity(tok.identity(), manifest["tokenizer"], f"data in {data_dir}")
+    return data_dir, tok.identity()
+
+
+def _check_resumable(stored: dict, current: dict, where: Path) -> None:
+    changed = sorted(
+        k
+        for k in set(stored) | set(current)
+        if k not in RESUMABLE_CHANGES and stored.get(k) != current.get(k)
+    )
+    if changed:
+        details = ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in changed)
+        raise ValueError(
+            f"cannot resume {where}: the config differs in {details}; only "
+            f"{', '.join(RESUMABLE_CHANGES)} may change on resume"
+        )
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------- train
+def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> Path:
+    """Train a model as ``cfg`` says and return the run directory.
+
+    ``resume=True`` continues from the run directory's latest checkpoint (or starts fresh if
+    there is none); without it an existing run directory is an error, never overwritten.
+    Under ``torchrun`` every process calls this; rank 0 writes files and shows the bar.
+    """
+    cfg = cfg.resolve()
+    info = init_distributed(cfg.device)
+    try:
+        return _train(cfg, info, progress=progress, resume=resume)
+    finally:
+        shutdown_distributed(info)
+
+
+def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) -> Path:
+    started = time.perf_counter()
+    grad_accum = cfg.grad_accum_steps(info.world_size)
+    run_dir = Path(cfg.out_dir) / cfg.run_name
+    latest = latest_checkpoint(run_dir) if resume and run_dir.is_dir() else None
+    if not resume and ((run_dir / CHECKPOINTS).exists() or (run_dir / METRICS_FILE).exists()):
+        raise FileExistsError(
+            f"{run_dir} already holds a run; resume it (resume=True, --resume) or choose "
+            "another run_name / out_dir"
+        )
+    data_dir, tok_identity = _prepare_data(cfg, info, progress)
+    model_cfg = build_model_config(cfg, vocab_size=tok_identity["vocab_size"])
+    amp = autocast_dtype(cfg.dtype, info.device)
+
+    _seed_everything(cfg.seed)
+    raw = GPT(model_cfg)
+    loader = TokenLoader(
+        data_dir,
+        "train",
+        cfg.micro_batch,
+        cfg.seq_len,
+        rank=info.rank,
+        world_size=info.world_size,
+        seed=cfg.seed,
+    )
+    step, elapsed_before = 0, 0.0
+    ckpt = load_checkpoint(latest) if latest is not None else None
+    if ckpt is not None:
+        if not isinstance(ckpt.meta.get("loader"), dict) or not ckpt.meta.get("rng"):
+            raise CheckpointError(f"{latest}: not a training checkpoint (no loader/RNG state)")
+        _check_resumable(ckpt.meta["train_config"], cfg.to_dict(), latest)
+        check_tokenizer_identity(ckpt.meta["tokenizer"], tok_identity, f"checkpoint {latest}")
+        restore_model(raw, ckpt)
+    raw.to(info.device)
+    optimizer = configure_optimizer(raw, cfg, info.device)
+    if ckpt is not None:
+        optimizer.load_state_dict(ckpt.optimizer_state)
+        loader.load_state_dict(ckpt.meta["loader"])
+        rng = ckpt.meta["rng"]
+        restore_rng(rng[info.rank] if len(rng) == info.world_size else rng[0])
+        step, elapsed_before = ckpt.meta["step"], float(ckpt.meta.get("elapsed_s", 0.0))
+        log.info("resuming %s from step %d", run_dir, step)
+        del ckpt
+    if step >= cfg.max_steps and (run_dir / SUMMARY_FILE).is_file():
+        return run_dir  # resuming a finished run: nothing to do
+    compiled = torch.compile(raw) if cfg.compile else raw
+    model = wrap_ddp(compiled, info)
+    model.train()
+
+    barrier(info)  # every rank has checked the run directory before rank 0 writes to it
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(
+            run_dir / CONFIG_FILE,
+            {
+                "train": cfg.to_dict(),
+                "model": model_cfg.to_dict(),
+                "tokenizer": tok_identity,
+                "data_dir": str(data_dir),
+                "world_size": info.world_size,
+                "grad_accum": grad_accum,
+            },
+        )
+    metrics = MetricsLogger(
+        run_dir,
+        enabled=info.is_main,
+        loggers=cfg.loggers,
+        run_name=cfg.run_name,
+        config=cfg.to_dict(),
+        wandb_project=cfg.wandb_project,
+        resume_step=step if latest is not None else None,
+    )
+    bar = tqdm(
+        total=cfg.max_steps,
+        initial=step,
+        desc=cfg.run_name,
+        unit="step",
+        disable=not (progress and info.is_main),
+        dynamic_ncols=True,
+    )
+    flops_per_token = raw.flops_per_token(cfg.seq_len)
+    peak = peak_bf16_flops(info.device) if amp is not None else None
+    last_ckpt = latest
+
+    def checkpoint(at: int, elapsed: float) -> Path | None:
+        rng_states = all_gather_objects(capture_rng(), info)
+        path = None
+        if info.is_main:
+            path = save_checkpoint(
+                run_dir / CHECKPOINTS,
+                step=at,
+                model=raw,
+                optimizer=optimizer,
+                tokens=at * cfg.tokens_per_step,
+                train_config=cfg.to_dict(),
+                tokenizer=tok_identity,
+                extra={
+                    "loader": loader.state_dict(),
+                    "rng": rng_states,
+                    "world_size": info.world_size,
+                    "elapsed_s": elapsed,
+                },
+                keep=cfg.keep_checkpoints,
+            )
+        barrier(info)
+        return path
+
+    def validate(at: int) -> float:
+        value = evaluate(compiled, data_dir, cfg, info, amp)
+        if not math.isfinite(value):
+            raise NonFiniteLossError(
+                f"non-finite validation loss ({value}) at step {at} of {run_dir}; "
+                f"no checkpoint of this state was written (last: {last_ckpt or 'none'})"
+            )
+        return value
+
+    train_time, timed_tokens, rate = 0.0, 0, None
+    try:
+        if step == 0 and cfg.eval_interval > 0:
+            metrics.log({"step": 0, "tokens": 0, "val_loss": validate(0)})
+        first_step = step
+        while step < cfg.max_steps:
+            lr = cfg.lr * lr_multiplier(
+                step,
+                schedule=cfg.schedule,
+                max_steps=cfg.max_steps,
+                warmup_steps=cfg.warmup_steps,
+                min_ratio=cfg.min_lr_ratio,
+                decay_fraction=cfg.decay_fraction,
+                decay_shape=cfg.decay_shape,
+            )
+            t0 = time.perf_counter()
+            try:
+                loss, norm = train_step(
+                    model,
+                    optimizer,
+                    loader.next_batch,
+                    grad_accum=grad_accum,
+                    lr=lr,
+                    grad_clip=cfg.grad_clip,
+                    amp=amp,
+                    info=info,
+                )
+            except NonFiniteLossError as err:
+                raise NonFiniteLossError(
+                    f"{err} at step {step} (lr {lr:.3g}) of {run_dir}; the optimizer step was "
+                    f"not taken and no checkpoint of this state was written (last: "
+                    f"{last_ckpt or 'none'}). Lower lr, keep grad_clip on, or try dtype fp32."
+                ) from None
+            dt = time.perf_counter() - t0
+            step += 1
+            if step > first_step + 1 or cfg.max_steps - first_step == 1:  # skip warm-up step
+                train_time, timed_tokens = train_time + dt, timed_tokens + cfg.tokens_per_step
+            tok_s = cfg.tokens_per_step / dt
+            rate = tok_s if rate is None else 0.9 * rate + 0.1 * tok_s
+            record = {
+                "step": step,
+                "tokens": step * cfg.tokens_per_step,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": norm,
+                "dt_ms": 1000 * dt,
+                "tok_per_s": tok_s,
+            }
+            util = mfu(flops_per_token, tok_s / info.world_size, peak)
+            if util is not None:
+                record["mfu"] = util
+            if step == cfg.max_steps or (cfg.eval_interval and step % cfg.eval_interval == 0):
+                record["val_loss"] = validate(step)
+            metrics.log(record)
+            if step == cfg.max_steps or (
+                cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
+            ):
+                elapsed = elapsed_before + time.perf_counter() - started
+                last_ckpt = checkpoint(step, elapsed) or last_ckpt
+            postfix = {"loss": f"{loss:.4f}", "tok/s": f"{rate:,.0f}"}
+            if util is not None:
+                postfix["mfu"] = f"{100 * util:.1f}%"
+            bar.set_postfix(postfix, refresh=False)
+            bar.update(1)
+    finally:
+        bar.close()
+        metrics.close()
+    wall = elapsed_before + time.perf_counter() - started
+    if info.is_main:
+        tok_s = timed_tokens / train_time if train_time > 0 else None
+        write_summary(
+            run_dir,
+            {
+                "run_dir": str(run_dir),
+                "steps": cfg.max_steps,
+                "tokens": cfg.max_steps * cfg.tokens_per_step,
+                "wall_time_s": wall,
+                "tokens_per_s": tok_s,  # this session's training steps, its first one excluded
+                "mfu": mfu(flops_per_token, tok_s / info.world_size, peak) if tok_s else None,
+                "params": raw.num_params(non_embedding=False),
+                "params_non_embedding": raw.num_params(),
+                "flops_per_token": flops_per_token,
+                "world_size": info.world_size,
+                "grad_accum": grad_accum,
+                "device": str(info.device),
+                "device_name": torch.cuda.get_device_name(info.device)
+                if info.device.type == "cuda"
+                else platform.processor() or platform.machine(),
+                "autocast": str(amp).removeprefix("torch.") if amp is not None else "fp32",
+                "compile": cfg.compile,
+                "torch_version": torch.__version__,
+                "rove_version": __version__,
+            },
+        )
+    barrier(info)
+    return run_dir

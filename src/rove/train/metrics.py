@@ -1,0 +1,176 @@
+"""Run metrics: ``metrics.jsonl`` always, TensorBoard / W&B only when asked, and MFU.
+
+Why JSON lines: the report and ``rove compare`` read results from files, not from a dashboard;
+one JSON object per line survives a crash mid-run (every line is flushed) and is trivially
+truncated back to a checkpoint's step on resume, so a resumed run's file equals the
+uninterrupted run's. TensorBoard and W&B are imported lazily, only when listed in ``loggers``.
+
+MFU = achieved model FLOP/s per device / the device's peak dense bf16 FLOP/s, with the model's
+``flops_per_token`` (6N + attention, PaLM appendix B). The peak table is small and by device
+name; an unknown device gets no MFU rather than a wrong one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "PEAK_BF16_FLOPS",
+    "MetricsLogger",
+    "mfu",
+    "peak_bf16_flops",
+    "read_metrics",
+    "write_summary",
+]
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+# Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s.
+PEAK_BF16_FLOPS = {
+    "B200": 2250e12,
+    "H200": 989e12,
+    "H100": 989e12,  # SXM; the PCIe card is lower (756e12)
+    "H800": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10G": 70e12,
+    "RTX 4090": 165e12,
+}
+
+
+def peak_bf16_flops(device: torch.device) -> float | None:
+    """Peak dense bf16 FLOP/s of a CUDA ``device`` from :data:`PEAK_BF16_FLOPS`, else None."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    if "H100" in name and "PCIe" in name:
+        return 756e12
+    for key, peak in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return peak
+    return None
+
+
+def mfu(flops_per_token: float, tokens_per_s_per_device: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation in [0, 1], or None without a known peak."""
+    if not peak:
+        return None
+    return flops_per_token * tokens_per_s_per_device / peak
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl`` (empty if none)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def write_summary(run_dir: Path, fields: dict) -> dict:
+    """Write ``summary.json``: ``fields`` plus the final train and val loss from metrics.jsonl."""
+    records = read_metrics(run_dir)
+    losses = [r["loss"] for r in records if r.get("loss") is not None]
+    vals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
+    summary = {
+        "final_train_loss": losses[-1] if losses else None,
+        "final_val_loss": vals[-1] if vals else None,
+        **fields,
+    }
+    path = run_dir / SUMMARY_FILE
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(_finite_or_none(summary), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return summary
+
+
+def _finite_or_none(record: dict) -> dict:
+    """JSON has no NaN/inf: such values become None."""
+    return {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()
+    }
+
+
+class MetricsLogger:
+    """Appends records to ``metrics.jsonl`` and forwards them to the requested backends.
+
+    Only the main rank should create one (others pass ``enabled=False``). ``resume_step``
+    truncates the file to records with ``step <= resume_step`` (the resumed checkpoint).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        enabled: bool,
+        loggers: list[str],
+        run_name: str,
+        config: dict,
+        wandb_project: str = "rove",
+        resume_step: int | None = None,
+    ) -> None:
+        self.enabled = enabled
+        self._file = None
+        self._tb = None
+        self._wandb = None
+        if not enabled:
+            return
+        path = run_dir / METRICS_FILE
+        if resume_step is None:
+            path.unlink(missing_ok=True)
+        elif path.is_file():
+            keep = [r for r in read_metrics(run_dir) if r.get("step", 0) <= resume_step]
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
+            os.replace(tmp, path)
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        if "tensorboard" in loggers:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise ImportError("the tensorboard logger needs the `tensorboard` package") from err
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        if "wandb" in loggers:
+            try:
+                import wandb
+            except ImportError as err:
+                raise ImportError("the wandb logger needs the `wandb` package") from err
+            self._wandb = wandb.init(
+                project=wandb_project,
+                name=run_name,
+                id=run_name,
+                resume="allow",
+                config=config,
+                dir=str(run_dir),
+            )
+
+    def log(self, record: dict) -> None:
+        """Write one record (must contain "step"); non-finite floats are stored as null."""
+        if not self.enabled:
+            return
+        record = _finite_or_none(record)
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        step = record["step"]
+        numbers = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
+        if self._tb is not None:
+            for key, value in numbers.items():
+                self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(numbers, step=step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
