@@ -78,7 +78,7 @@ def rotate(
         cos, sin: tables ``(T, r/2)`` or ``(B, T, r/2)`` from ``Rotary.tables``; the first ``r``
             channels of each head are rotated, the rest pass through.
     """
-    if _use_triton(x):
+    if _use_triton(x) and not (cos.requires_grad or sin.requires_grad):
         from rove.kernels.triton_rotary import rotate_triton
 
         return rotate_triton(x, cos, sin, convention=convention, inverse=inverse)
@@ -107,7 +107,7 @@ def split_rotate_qkv(
         shared_kv=shared_kv,
         convention=convention,
     )
-    if _use_triton(qkv):
+    if _use_triton(qkv) and not (cos.requires_grad or sin.requires_grad):
         from rove.kernels.triton_rotary import split_rotate_qkv_triton
 
         return split_rotate_qkv_triton(qkv, cos, sin, **kwargs)
@@ -118,7 +118,7 @@ def unrotate_output(
     o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, convention: Convention = "half"
 ) -> torch.Tensor:
     """Attention output ``(B, H, T, D)`` -> ``R_(-i)``-rotated ``(B, T, H * D)`` for the out-projection."""
-    if _use_triton(o):
+    if _use_triton(o) and not (cos.requires_grad or sin.requires_grad):
         from rove.kernels.triton_rotary import unrotate_output_triton
 
         return unrotate_output_triton(o, cos, sin, convention=convention)

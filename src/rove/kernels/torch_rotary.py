@@ -53,9 +53,15 @@ def rotate_torch(
     convention: Convention = "half",
     inverse: bool = False,
 ) -> torch.Tensor:
-    """Rotate ``x`` ``(B, H, T, D)`` by tables ``(T, r/2)`` or ``(B, T, r/2)``; differentiable in x."""
+    """Rotate ``x`` ``(B, H, T, D)`` by tables ``(T, r/2)`` or ``(B, T, r/2)``; differentiable.
+
+    Tables that require grad (learned frequencies, e.g. a learned ``NDRotary``) take plain
+    autograd through ``apply_rotary``; fixed tables take the cheaper inverse-rotation backward.
+    """
     cos, sin = broadcast_tables(cos, x), broadcast_tables(sin, x)
-    return _Rotate.apply(x, cos.detach(), sin.detach(), convention, inverse)
+    if cos.requires_grad or sin.requires_grad:
+        return apply_rotary(x, cos, sin, convention=convention, inverse=inverse)
+    return _Rotate.apply(x, cos, sin, convention, inverse)
 
 
 def split_rotate_qkv_torch(

@@ -2,6 +2,7 @@
 
 from rove.rotary.embedding import Rotary, check_positions
 from rove.rotary.frequencies import SCHEDULES, RotaryFrequencies, rotary_frequencies
+from rove.rotary.nd import NDRotary, grid_positions
 from rove.rotary.rotation import (
     CONVENTIONS,
     Convention,
@@ -16,12 +17,14 @@ __all__ = [
     "CONVENTIONS",
     "SCHEDULES",
     "Convention",
+    "NDRotary",
     "Rotary",
     "RotaryFrequencies",
     "apply_rotary",
     "check_positions",
     "convention_permutation",
     "convert_convention",
+    "grid_positions",
     "rotary_frequencies",
     "rotation_tables",
     "table_dtype",
