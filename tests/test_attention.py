@@ -183,7 +183,7 @@ class TestErrors:
         q, k, v = qkv()
         with pytest.raises(ValueError, match="q_positions must have shape"):
             attention(q, k, v, q_positions=torch.arange(5))
-        with pytest.raises(ValueError, match="rotary.head_dim"):
+        with pytest.raises(ValueError, match=r"rotary\.head_dim"):
             attention(q, k, v, rotary=Rotary(16))
 
 

@@ -73,9 +73,8 @@ def test_rope_scaling_context():
         assert all(b.attn.rotary.scaling["type"] == "yarn" for b in m.blocks)
     assert (scaled - base).abs().max() > 1e-4
     torch.testing.assert_close(m(idx), base, rtol=0, atol=0)  # restored
-    with pytest.raises(ValueError, match="unknown rope scaling"):
-        with m.rope_scaling("xpos", 2.0):
-            pass
+    with pytest.raises(ValueError, match="unknown rope scaling"), m.rope_scaling("xpos", 2.0):
+        pass
 
 
 def test_rove_and_rope_have_identical_parameters():
