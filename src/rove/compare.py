@@ -180,12 +180,12 @@ def demo_config(quick: bool = False, out_dir: str | None = None) -> CompareConfi
         seq_len=128,
         micro_batch=32,
         tokens_per_step=4096,
-        max_steps=160,
+        max_steps=400,
         lr=3e-3,
-        warmup_steps=20,
-        eval_interval=40,
+        warmup_steps=40,
+        eval_interval=50,
         eval_tokens=32768,
-        checkpoint_interval=80,
+        checkpoint_interval=200,
         dtype="bf16",
     )
     ev = EvalConfig(
@@ -200,7 +200,7 @@ def demo_config(quick: bool = False, out_dir: str | None = None) -> CompareConfi
             "fwe",
         ],
         ruler_multiples=[4],
-        ruler_samples=6,
+        ruler_samples=10,
         icl_items=40,
     )
     return CompareConfig(
