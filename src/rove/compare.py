@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from rove.atomic import write_json_atomic
 from rove.evaluate import EvalConfig, evaluate_checkpoint
 from rove.report import write_report
 from rove.train import TrainConfig, train
@@ -62,12 +63,6 @@ class CompareConfig:
         )
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
-
-
 def _curve(run_dir: Path) -> list[dict]:
     keys = ("step", "tokens", "loss", "val_loss")
     return [
@@ -88,7 +83,7 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
         record = json.loads(eval_file.read_text())
     else:
         record = evaluate_checkpoint(run_dir, cfg.eval, progress=progress)
-        _write_json(eval_file, record)
+        write_json_atomic(eval_file, record)
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
         **record,
@@ -115,7 +110,7 @@ def run_compare(cfg: CompareConfig, *, progress: bool = True) -> Path:
     """Run (or resume) the comparison; returns the path of ``report.md``."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "compare_config.json", dataclasses.asdict(cfg))
+    write_json_atomic(out / "compare_config.json", dataclasses.asdict(cfg))
     jobs = [(pos, seed) for seed in cfg.seeds for pos in cfg.positions]
     runs: list[dict] = []
     start = time.perf_counter()
@@ -130,9 +125,9 @@ def run_compare(cfg: CompareConfig, *, progress: bool = True) -> Path:
             "machine": platform.platform(),
             "runs": runs,
         }
-        _write_json(out / RESULTS, results)
+        write_json_atomic(out / RESULTS, results)
     results["wall_time_s"] = time.perf_counter() - start
-    _write_json(out / RESULTS, results)
+    write_json_atomic(out / RESULTS, results)
     return write_report(results, out)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rove.atomic import write_json_atomic
 from rove.eval.icl import ICL_TASKS, evaluate_icl
 from rove.eval.perplexity import perplexity_vs_length
 from rove.eval.ruler import RULER_TASKS, evaluate_ruler
@@ -288,9 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     record = evaluate_checkpoint(args.checkpoint, cfg, device=args.device, progress=not args.quiet)
     out = Path(args.out) if args.out else Path(record["checkpoint"]) / "eval.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    tmp.replace(out)
+    write_json_atomic(out, record)
     print(f"wrote {out}")
     for n, ppl in record.get("ppl", {}).items():
         scaled = {k: v.get(n) for k, v in record.get("ppl_scaled", {}).items() if v.get(n)}

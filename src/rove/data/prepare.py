@@ -43,6 +43,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rove import __version__
+from rove.atomic import write_json_atomic
 from rove.data.corpora import FINEWEB_EDU, NAMED_SOURCES, iter_documents, stdlib_dir
 from rove.data.shards import MAX_VOCAB, TOKEN_DTYPE, read_header, write_shard
 from rove.data.tokenizers import get_tokenizer
@@ -218,16 +219,6 @@ class _ShardWriter:
         self.shards.append({"file": name, "tokens": len(tokens)})
 
 
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _remove_leftovers(out_dir: Path, keep: set[str]) -> None:
     """Delete temporary files and shards of earlier runs that are not in ``keep``."""
     for path in out_dir.iterdir():
@@ -327,7 +318,7 @@ def prepare_dataset(
             "python": platform.python_version(),
         },
     }
-    _write_json_atomic(out_dir / MANIFEST_NAME, manifest)
+    write_json_atomic(out_dir / MANIFEST_NAME, manifest)
     _remove_leftovers(out_dir, keep={e["file"] for entries in splits.values() for e in entries})
     return out_dir
 

@@ -12,10 +12,11 @@ truncated shard would otherwise surface as a confusing training bug much later.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
+
+from rove.atomic import atomic_open
 
 MAGIC = 20240520
 VERSION = 1
@@ -35,11 +36,9 @@ def write_shard(path: str | Path, tokens: np.ndarray) -> None:
         raise ValueError(f"{path}: token ids must be in [0, {MAX_VOCAB}) to fit uint16")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (MAGIC, VERSION, tokens.size)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic_open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
-    os.replace(tmp, path)
 
 
 def read_header(path: str | Path) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rove.atomic import write_text_atomic
 from rove.report.plots import plot_ppl_vs_length, plot_ruler, plot_training_curves
 from rove.report.records import dig, ruler_cells
 from rove.report.stats import paired, summarize
@@ -269,7 +270,5 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
             runs, out_dir / "training_curves.png"
         ).name
     path = out_dir / "report.md"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(render_report(results, figures))
-    tmp.replace(path)
+    write_text_atomic(path, render_report(results, figures))
     return path

@@ -38,6 +38,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from rove.atomic import write_text_atomic
 from rove.model import GPT, GPTConfig
 
 __all__ = [
@@ -152,13 +153,6 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    _fsync(tmp)
-    os.replace(tmp, path)
-
-
 def _model_tensors(model: GPT) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(state dict with each shared tensor once, {alias: stored name})."""
     tensors: dict[str, torch.Tensor] = {}
@@ -246,7 +240,7 @@ def save_checkpoint(
     final = root / name
     shutil.rmtree(final, ignore_errors=True)  # a complete folder from a crash before `latest`
     os.replace(tmp, final)
-    _write_text_atomic(root / LATEST, name + "\n")
+    write_text_atomic(root / LATEST, name + "\n")
     _prune(root, keep, newest=step)
     return final
 

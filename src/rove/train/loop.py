@@ -25,7 +25,6 @@ Notable features:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import platform
@@ -40,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from rove import __version__
+from rove.atomic import write_json_atomic
 from rove.data import (
     TokenLoader,
     check_tokenizer_identity,
@@ -265,10 +265,6 @@ def _check_resumable(stored: dict, current: dict, where: Path) -> None:
         )
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-
-
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -343,7 +339,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
     barrier(info)  # every rank has checked the run directory before rank 0 writes to it
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(
+        write_json_atomic(
             run_dir / CONFIG_FILE,
             {
                 "train": cfg.to_dict(),

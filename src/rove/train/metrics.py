@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
+
+from rove.atomic import write_json_atomic, write_text_atomic
 
 __all__ = [
     "PEAK_BF16_FLOPS",
@@ -82,10 +83,7 @@ def write_summary(run_dir: Path, fields: dict) -> dict:
         "final_val_loss": vals[-1] if vals else None,
         **fields,
     }
-    path = run_dir / SUMMARY_FILE
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_finite_or_none(summary), indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(run_dir / SUMMARY_FILE, _finite_or_none(summary))
     return summary
 
 
@@ -125,9 +123,7 @@ class MetricsLogger:
             path.unlink(missing_ok=True)
         elif path.is_file():
             keep = [r for r in read_metrics(run_dir) if r.get("step", 0) <= resume_step]
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
-            os.replace(tmp, path)
+            write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         if "tensorboard" in loggers:
             try:
