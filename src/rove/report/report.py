@@ -16,7 +16,7 @@ from pathlib import Path
 from rove.atomic import write_text_atomic
 from rove.report.plots import plot_ppl_vs_length, plot_ruler, plot_training_curves
 from rove.report.records import dig, ruler_cells
-from rove.report.stats import paired, summarize
+from rove.report.stats import Paired, paired, summarize
 
 __all__ = ["Metric", "metrics_of", "render_report", "write_report"]
 
@@ -155,10 +155,23 @@ def _by_seed(runs: list[dict], label: str, metric: Metric) -> dict[int, float | 
     return {r["seed"]: metric.get(r) for r in runs if r["label"] == label}
 
 
+def _ruler_finding(label: str, baseline: str, variant: str, results: list[Paired]) -> str:
+    """One line summarising the paired RULER NLL cells of one scaling variant."""
+    better = sum(p.wins == p.n for p in results)
+    worse = sum(p.losses == p.n for p in results)
+    mean = summarize([p.diff.mean for p in results]).mean
+    return (
+        f"- RULER answer NLL{variant}: {label} is better than {baseline} in every seed on "
+        f"{better} of {len(results)} task/length cells, worse in every seed on {worse}, mixed on "
+        f"the rest (mean NLL difference {mean:+.3g} nats/token, lower is better)."
+    )
+
+
 def _paired_table(runs: list[dict], baseline: str) -> tuple[list[str], list[str]]:
     """Paired rows, and plain-language findings for the headline metrics."""
     rows, findings = [], []
     for label in [x for x in _labels(runs) if x != baseline]:
+        ruler: dict[str, list[Paired]] = {}
         for m in metrics_of(runs):
             p = paired(_by_seed(runs, label, m), _by_seed(runs, baseline, m), m.better)
             if p.n == 0:
@@ -167,18 +180,22 @@ def _paired_table(runs: list[dict], baseline: str) -> tuple[list[str], list[str]
             rows.append(
                 [m.name, f"{label} - {baseline}", p.diff.fmt(3), t, f"{p.wins}/{p.losses}/{p.n}"]
             )
-            if m.name.startswith(("ICL", "CORE")) and _at_chance(runs, m, (label, baseline)):
+            if m.name.startswith("RULER"):
+                variant = m.name.split("@")[0].partition(" +")[2]
+                ruler.setdefault(f" +{variant}" if variant else "", []).append(p)
+            elif m.name.startswith(("ICL", "CORE")) and _at_chance(runs, m, (label, baseline)):
                 findings.append(
                     f"- {m.name}: both {label} and {baseline} are at chance level "
                     f"(|centered accuracy| < {CHANCE_BAND}): the models are too small for this "
                     "suite to separate them."
                 )
-            elif m.name.startswith(("ICL", "CORE", "PPL")) or "NLL" in m.name:
+            else:
                 direction = "lower" if m.lower_is_better else "higher"
                 findings.append(
                     f"- {m.name}: {label} is {p.verdict()} vs {baseline} "
                     f"(mean difference {p.diff.mean:+.3g}, {direction} is better)."
                 )
+        findings += [_ruler_finding(label, baseline, v, ps) for v, ps in ruler.items()]
     table = _table(
         ["metric", "difference", "mean ± std over seeds", "paired t", "wins/losses/seeds"], rows
     )
