@@ -164,16 +164,19 @@ def evaluate_model(
                 for task, cells in out["results"].items()
             }
     if cfg.icl:
-        out = evaluate_icl(
-            model,
-            tokenizer,
-            cfg.icl_tasks,
-            n_items=cfg.icl_items,
-            max_tokens=cfg.icl_max_tokens,
-            seed=cfg.seed,
-            progress=False,
-        )
-        record["icl"] = {"mean_centered": out["score"], "tasks": out["tasks"]}
+        try:
+            out = evaluate_icl(
+                model,
+                tokenizer,
+                cfg.icl_tasks,
+                n_items=cfg.icl_items,
+                max_tokens=cfg.icl_max_tokens,
+                seed=cfg.seed,
+                progress=False,
+            )
+            record["icl"] = {"mean_centered": out["score"], "tasks": out["tasks"]}
+        except ValueError as err:  # prompts cannot fit: say so instead of losing the other results
+            record["icl"] = {"error": f"{err} (raise --icl-max-tokens)"}
     if cfg.core_bundle:
         from rove.eval.core import evaluate_core
 
@@ -230,7 +233,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Evaluate a checkpoint: perplexity vs length, RULER, few-shot ICL, CORE.",
     )
     p.add_argument("checkpoint", help="checkpoint folder or run folder (its latest checkpoint)")
-    p.add_argument("--out", help="JSON output file (default: <checkpoint>/eval.json)")
+    p.add_argument("--out", help="JSON output file (default: CHECKPOINT/eval.json)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     g = p.add_argument_group("perplexity vs length")
@@ -287,13 +290,15 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     record = evaluate_checkpoint(args.checkpoint, cfg, device=args.device, progress=not args.quiet)
-    out = Path(args.out) if args.out else Path(record["checkpoint"]) / "eval.json"
+    out = Path(args.out) if args.out else Path(args.checkpoint) / "eval.json"
     write_json_atomic(out, record)
     print(f"wrote {out}")
     for n, ppl in record.get("ppl", {}).items():
         scaled = {k: v.get(n) for k, v in record.get("ppl_scaled", {}).items() if v.get(n)}
         extra = "".join(f"  +{k}: {v:.2f}" for k, v in scaled.items())
         print(f"  ppl@{n}: {ppl:.2f}{extra}" if ppl is not None else f"  ppl@{n}: n/a{extra}")
-    if "icl" in record:
+    if "icl" in record and "error" in record["icl"]:
+        print(f"  ICL: {record['icl']['error']}")
+    elif "icl" in record:
         print(f"  ICL mean centered accuracy: {record['icl']['mean_centered']:.4f}")
     return 0
