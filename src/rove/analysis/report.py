@@ -35,6 +35,7 @@ from rove.analysis.plots import (
     plot_offset_kernels,
     plot_plane_energy,
 )
+from rove.atomic import write_text_atomic
 from rove.model import GPT, POSITIONS, PRESETS, get_preset
 
 __all__ = ["analyze", "build_parser", "main", "random_model"]
@@ -204,7 +205,7 @@ def analyze(
             "![plane energy](plane_energy.png)",
         ]
     report = out / "report.md"
-    report.write_text("\n".join(lines) + "\n")
+    write_text_atomic(report, "\n".join(lines) + "\n")
     return report
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rove.atomic import write_json_atomic, write_text_atomic
 from rove.vision.data import ImageData, load_cifar10, load_digits, resize
 from rove.vision.model import VIT_POSITIONS, ViT, ViTConfig
 
@@ -163,9 +164,7 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(records)
-    (out / "results.json").write_text(
-        json.dumps({"settings": settings, "records": records}, indent=1) + "\n"
-    )
+    write_json_atomic(out / "results.json", {"settings": settings, "records": records})
     plot_accuracy(summary, test_sizes, out / "accuracy.png")
     n_seeds = len({r["seed"] for r in records})
     # at the training size both protocols give the same coordinates: show that column once
@@ -198,7 +197,7 @@ def write_report(
         f"Settings: `{json.dumps(settings['train'])}`; model `{json.dumps(settings['model'])}`.",
     ]
     report = out / "report.md"
-    report.write_text("\n".join(lines) + "\n")
+    write_text_atomic(report, "\n".join(lines) + "\n")
     return report
 
 
