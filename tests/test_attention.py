@@ -253,3 +253,14 @@ def test_compile_fullgraph_matches_eager():
     compiled = torch.compile(m, fullgraph=True)
     torch.testing.assert_close(compiled(x), m(x), rtol=1e-5, atol=1e-5)
     assert rove.__version__
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_low_precision_within_rounding(dtype):
+    """Rotations run in fp32 whatever the input dtype; the error is that of SDPA in ``dtype``."""
+    q, k, v = qkv(hkv=2, tq=16, tk=16, d=16)
+    ref = reference_attention(q, k, v, mode="rove", rotary=Rotary(16))
+    out = attention(*(t.to(dtype) for t in (q, k, v)), mode="rove", rotary=Rotary(16))
+    assert out.dtype == dtype
+    eps = torch.finfo(dtype).eps
+    assert (out.double() - ref).abs().max() <= 8 * eps * ref.abs().max()
