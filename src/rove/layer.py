@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from rove.functional import Mode, attend, check_mode, document_mask
 from rove.kernels import split_rotate_qkv, unrotate_output
+from rove.kernels.torch_rotary import heads_view
 from rove.kv_cache import KVCache
 from rove.rotary import Rotary, check_positions, table_dtype
 
@@ -24,9 +25,7 @@ def split_heads(
     qkv: torch.Tensor, n_head: int, n_kv_head: int, shared_kv: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused projection ``(B, T, width)`` -> unrotated ``(B, H, T, D)`` views q, k, v."""
-    bsz, seq, width = qkv.shape
-    n_total = n_head + (1 if shared_kv else 2) * n_kv_head
-    heads = qkv.view(bsz, seq, n_total, width // n_total).transpose(1, 2)  # (B, H_total, T, D)
+    heads = heads_view(qkv, n_head, n_kv_head, shared_kv)  # (B, H_total, T, D)
     q, k = heads[:, :n_head], heads[:, n_head : n_head + n_kv_head]
     v = k if shared_kv else heads[:, n_head + n_kv_head :]
     return q, k, v

@@ -11,7 +11,13 @@ import torch
 
 from rove.rotary.rotation import Convention, apply_rotary
 
-__all__ = ["broadcast_tables", "rotate_torch"]
+__all__ = [
+    "broadcast_tables",
+    "heads_view",
+    "rotate_torch",
+    "split_rotate_qkv_torch",
+    "unrotate_output_torch",
+]
 
 
 def broadcast_tables(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -64,6 +70,16 @@ def rotate_torch(
     return _Rotate.apply(x, cos, sin, convention, inverse)
 
 
+def heads_view(qkv: torch.Tensor, n_head: int, n_kv_head: int, shared_kv: bool) -> torch.Tensor:
+    """View a fused projection ``(B, T, width)`` as ``(B, H_total, T, D)`` heads (no copy).
+
+    Heads are ``[q | k | v]`` (``n_head + 2 * n_kv_head``), or ``[q | kv]`` when ``shared_kv``.
+    """
+    bsz, seq, width = qkv.shape
+    n_total = n_head + (1 if shared_kv else 2) * n_kv_head
+    return qkv.view(bsz, seq, n_total, width // n_total).transpose(1, 2)
+
+
 def split_rotate_qkv_torch(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -82,11 +98,8 @@ def split_rotate_qkv_torch(
     Q and K are always rotated; V too when ``rotate_v`` (RoVE). With ``shared_kv`` the values are
     the rotated keys under RoVE and the unrotated latent otherwise.
     """
-    bsz, seq, width = qkv.shape
-    n_total = n_head + (1 if shared_kv else 2) * n_kv_head
-    head_dim = width // n_total
-    heads = qkv.view(bsz, seq, n_total, head_dim).transpose(1, 2)  # (B, H_total, T, D)
-    n_rot = n_total if rotate_v or shared_kv else n_head + n_kv_head
+    heads = heads_view(qkv, n_head, n_kv_head, shared_kv)  # (B, H_total, T, D)
+    n_rot = heads.shape[1] if rotate_v or shared_kv else n_head + n_kv_head
     rotated = rotate_torch(heads[:, :n_rot], cos, sin, convention=convention)
     q, k = rotated[:, :n_head], rotated[:, n_head : n_head + n_kv_head]
     if shared_kv:

@@ -36,7 +36,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from rove.rotary.rotation import Convention, apply_rotary, check_convention
+from rove.rotary.rotation import Convention, check_convention, table_dtype
 
 __all__ = ["LAYOUTS", "Layout", "NDRotary", "grid_positions"]
 
@@ -223,12 +223,11 @@ class NDRotary(nn.Module):
         """
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x has last dim {x.shape[-1]}, expected head_dim {self.head_dim}")
+        from rove.kernels import rotate  # kernels depend on rove.rotary
+
         self.check_positions(positions, x.shape[-2])
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.tables(positions, dtype)
-        if cos.ndim == 3 and x.ndim == 4:  # (B, T, r/2) -> (B, 1, T, r/2): same for every head
-            cos, sin = cos[:, None], sin[:, None]
-        return apply_rotary(x, cos, sin, convention=self.convention, inverse=inverse)
+        cos, sin = self.tables(positions, table_dtype(x.dtype))
+        return rotate(x, cos, sin, convention=self.convention, inverse=inverse)
 
     def unrotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Apply ``R_p^-1 = R_(-p)``: RoVE's output rotation back into the query's frame."""
