@@ -150,11 +150,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if main_rank:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from rove.train.loop import NonFiniteLossError, train  # heavy imports only when training
+    from rove.lock import FolderLockedError
+    from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train  # heavy imports
 
     try:
         run_dir = train(cfg, progress=not args.no_progress, resume=args.resume)
-    except (ValueError, FileExistsError, FileNotFoundError, NonFiniteLossError) as err:
+    except TrainingInterrupted as err:
+        print(f"rove train: {err}; continue with --resume", file=sys.stderr)
+        return err.exit_code
+    except (
+        ValueError,
+        FileExistsError,
+        FileNotFoundError,
+        FolderLockedError,
+        NonFiniteLossError,
+    ) as err:
         print(f"rove train: error: {err}", file=sys.stderr)
         return 1
     if main_rank:
