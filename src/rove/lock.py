@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["LOCK_FILE", "FolderLock", "FolderLockedError", "lock_folder"]
+__all__ = ["LOCK_FILE", "FolderLock", "FolderLockedError", "acquire", "lock_folder"]
 
 LOCK_FILE = ".lock"
 
@@ -54,22 +54,23 @@ def _holder() -> dict:
     }
 
 
-def acquire(folder: str | Path, what: str = "folder") -> FolderLock:
+def acquire(folder: str | Path, what: str, *, name: str = LOCK_FILE) -> FolderLock:
     """Lock ``folder`` (created if needed) or raise ``FolderLockedError`` naming the holder.
 
-    ``what`` names the folder's role in the message ("run", "evaluation", "comparison").
+    ``what`` says what is locked, for the message ("run folder runs/x"). ``name`` is the lock
+    file's name, for several independent locks in one folder (an eval output beside a run).
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_FILE
+    path = folder / name
     fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise FolderLockedError(
-            f"{what} folder {folder} is in use by another process ({_describe(path)}); wait "
-            f"for it to finish or stop it, or choose another folder"
+            f"{what} is in use by another process ({_describe(path)}); wait for it to "
+            f"finish or stop it, or choose another output (lock file {path})"
         ) from None
     except BaseException:
         os.close(fd)
@@ -80,9 +81,9 @@ def acquire(folder: str | Path, what: str = "folder") -> FolderLock:
 
 
 @contextlib.contextmanager
-def lock_folder(folder: str | Path, what: str = "folder") -> Iterator[FolderLock]:
+def lock_folder(folder: str | Path, what: str, *, name: str = LOCK_FILE) -> Iterator[FolderLock]:
     """Hold an exclusive lock on ``folder`` for the ``with`` block (see :func:`acquire`)."""
-    lock = acquire(folder, what)
+    lock = acquire(folder, what, name=name)
     try:
         yield lock
     finally:

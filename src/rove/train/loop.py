@@ -68,7 +68,12 @@ from rove.train.checkpoint import (
     resume_checkpoint,
     save_checkpoint,
 )
-from rove.train.config import RESUMABLE_CHANGES, TrainConfig, build_model_config
+from rove.train.config import (
+    RESUMABLE_CHANGES,
+    TrainConfig,
+    build_model_config,
+    run_fingerprint,
+)
 from rove.train.distributed import (
     DistInfo,
     all_gather_objects,
@@ -317,7 +322,7 @@ def _run_lock(run_dir: Path, info: DistInfo) -> Iterator[FolderLock | None]:
     lock, error = None, None
     if info.is_main:
         try:
-            lock = acquire(run_dir, "run")
+            lock = acquire(run_dir, f"run folder {run_dir}")
         except FolderLockedError as err:
             error = str(err)
     errors = [e for e in all_gather_objects(error, info) if e]
@@ -438,6 +443,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
             run_dir / CONFIG_FILE,
             {
                 "train": cfg.to_dict(),
+                "fingerprint": run_fingerprint(cfg.to_dict()),  # what compare checks reuse by
                 "model": model_cfg.to_dict(),
                 "tokenizer": tok_identity,
                 "data_dir": str(data_dir),
