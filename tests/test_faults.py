@@ -178,7 +178,7 @@ def test_signal_saves_a_checkpoint_and_second_writer_is_refused(
     into the same folder ran alongside the first."""
     values = settings(data_dir, tmp_path)
     run_dir = run_dir_of(values)
-    proc = start(values, FAULT_DELAY="0.1")
+    proc = start(values, FAULT_DELAY="0.05")
     try:
         wait_for_steps(run_dir, proc, 3)
         with pytest.raises(
@@ -195,8 +195,7 @@ def test_signal_saves_a_checkpoint_and_second_writer_is_refused(
     assert 3 <= stopped_at < STEPS
     assert latest_checkpoint(run_dir).name == f"step_{stopped_at:06d}"  # this step was saved
     assert not (run_dir / "summary.json").exists()
-    code, err = finish(start(values, resume=True))
-    assert code == 0, err
+    train(TrainConfig(**values), progress=False, resume=True)  # in-process: no start-up cost
     assert_same_run(run_dir, reference)
 
 
@@ -208,8 +207,7 @@ def test_sigkill_while_writing_a_checkpoint_then_resume_is_bit_exact(data_dir, t
     assert code == -signal.SIGKILL
     assert latest_checkpoint(run_dir).name == "step_000002"
     assert list((run_dir / "checkpoints").glob(".tmp-step_000004-*"))  # the torn write
-    code, err = finish(start(values, resume=True))
-    assert code == 0, err
+    train(TrainConfig(**values), progress=False, resume=True)
     assert_same_run(run_dir, reference)
 
 
@@ -349,6 +347,22 @@ def test_compare_detects_stale_runs_and_evals(data_dir, tmp_path):
     longer.eval.ppl_multiples = [1, 2]
     run_compare(longer, progress=False)
     assert set(json.loads((out / "results.json").read_text())["runs"][0]["ppl"]) == {"32", "64"}
+
+
+def test_second_compare_and_second_eval_into_one_output_are_refused(data_dir, tmp_path, capsys):
+    from rove.evaluate import eval_output_lock
+    from rove.evaluate import main as eval_main
+    from rove.lock import lock_folder
+
+    out = tmp_path / "cmp"
+    with lock_folder(out, "comparison folder"), pytest.raises(FolderLockedError, match="in use"):
+        run_compare(small_compare(data_dir, out), progress=False)
+    assert not (out / "runs").exists()  # refused before any work
+    target = tmp_path / "eval.json"
+    with eval_output_lock(target):
+        assert eval_main([str(tmp_path / "no-run"), "--out", str(target), "--quiet"]) == 1
+    assert "in use by another process" in capsys.readouterr().err
+    assert not target.exists()
 
 
 # ---------------------------------------------------------------------------- random kills

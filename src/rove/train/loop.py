@@ -372,8 +372,9 @@ def _seed_everything(seed: int) -> None:
 def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> Path:
     """Train a model as ``cfg`` says and return the run directory.
 
-    ``resume=True`` continues from the run directory's latest checkpoint (or starts fresh if
-    there is none); without it an existing run directory is an error, never overwritten.
+    ``resume=True`` continues from the run directory's newest good checkpoint (or starts
+    fresh if there is none; ``CheckpointError`` if there are some but none loads); without it
+    an existing run directory is an error, never overwritten.
     Under ``torchrun`` every process calls this; rank 0 writes files and shows the bar.
 
     Raises ``FolderLockedError`` if another process trains into the same run folder, and
