@@ -368,22 +368,28 @@ def test_second_compare_and_second_eval_into_one_output_are_refused(data_dir, tm
 # ---------------------------------------------------------------------------- random kills
 @pytest.mark.slow
 def test_random_sigkills_then_resume_is_bit_exact(data_dir, tmp_path, reference):
-    """SIGKILL at random moments (checkpoints are written every 2 steps, so many land inside a
-    checkpoint write), resume, repeat until the run finishes: always the reference run."""
+    """SIGKILL at a random moment of the training loop (a checkpoint is written every 2 steps,
+    so some land inside a checkpoint write), resume, repeat: always the reference run."""
     rng = random.Random(0)
+    mid_run = 0
     for trial in range(4):
         values = settings(data_dir, tmp_path / f"trial{trial}")
-        run_dir = run_dir_of(values)
-        kills, resume = 0, False
-        while True:
-            proc = start(values, resume=resume, FAULT_DELAY="0.02")
-            if kills < 3:
-                time.sleep(rng.uniform(1.0, 6.0))  # includes the start-up, as a real kill would
+        run_dir, metrics = run_dir_of(values), run_dir_of(values) / "metrics.jsonl"
+        for attempt in range(4):
+            launched = time.time()
+            proc = start(values, resume=attempt > 0, FAULT_DELAY="0.02")
+            if attempt < 3:
+                while proc.poll() is None and not (
+                    metrics.is_file() and metrics.stat().st_mtime > launched
+                ):
+                    time.sleep(0.01)  # until this process is in its training loop
+                time.sleep(rng.uniform(0.0, 1.0))
+                mid_run += proc.poll() is None
                 proc.kill()
-                kills += 1
             code, err = finish(proc)
             if code == 0:
                 break
             assert code == -signal.SIGKILL, err
-            resume = (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists()
+        assert code == 0, err
         assert_same_run(run_dir, reference)
+    assert mid_run >= 3  # most kills hit a running loop, not an already finished process
