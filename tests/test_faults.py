@@ -12,6 +12,7 @@ Run: pytest tests/test_faults.py (add -m slow for the sweep)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ import pytest
 import torch
 
 from rove.compare import CompareConfig, StaleRunError, run_compare
+from rove.compare import main as compare_main
 from rove.data import TokenLoader, prepare_dataset
 from rove.evaluate import EvalConfig
 from rove.lock import FolderLockedError
@@ -325,7 +327,7 @@ def small_compare(data_dir: Path, out: Path, **train_kw) -> CompareConfig:
     )
 
 
-def test_compare_detects_stale_runs_and_evals(data_dir, tmp_path):
+def test_compare_detects_stale_runs_and_evals(data_dir, tmp_path, capsys):
     """Before: rerunning with max_steps 3 -> 4 reused the 3-step run and labelled it with the
     4-step config in results.json; a changed eval config reused the old eval.json."""
     out = tmp_path / "cmp"
@@ -337,6 +339,10 @@ def test_compare_detects_stale_runs_and_evals(data_dir, tmp_path):
     with pytest.raises(StaleRunError, match=r"rope-seed0: max_steps: 3 -> 4.*--force"):
         run_compare(longer, progress=False)
     assert json.loads((out / "results.json").read_text()) == results  # nothing relabelled
+    config_file = tmp_path / "longer.json"
+    config_file.write_text(json.dumps(dataclasses.asdict(longer)))
+    assert compare_main(["--config", str(config_file), "--quiet"]) == 1
+    assert "max_steps: 3 -> 4" in capsys.readouterr().err
 
     run_compare(longer, progress=False, force=True)
     results = json.loads((out / "results.json").read_text())
