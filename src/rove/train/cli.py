@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--run-name", help="run directory name; default: <preset>-<pos>-seed<seed>")
     g.add_argument("--log", choices=LOGGERS, action="append", default=[], help="extra logger")
     g.add_argument("--wandb-project", default="rove", help="W&B project for --log wandb")
-    g.add_argument("--resume", action="store_true", help="continue the run's latest checkpoint")
+    g.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     return p
