@@ -399,3 +399,47 @@ def test_random_sigkills_then_resume_is_bit_exact(data_dir, tmp_path, reference)
         assert code == 0, err
         assert_same_run(run_dir, reference)
     assert mid_run >= 3  # most kills hit a running loop, not an already finished process
+
+
+def _ddp_worker(rank: int, port: int, values: dict, out: str) -> None:
+    """One rank of a 2-process gloo run; rank 1 alone gets SIGTERM in step 3."""
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    real_next, calls = TokenLoader.next_batch, [0]
+
+    def next_batch(self):
+        if self.split == "train" and rank == 1:
+            calls[0] += 1
+            if calls[0] == 3:  # in step 3: one micro-batch per rank and step
+                os.kill(os.getpid(), signal.SIGTERM)
+        return real_next(self)
+
+    TokenLoader.next_batch = next_batch
+    try:
+        train(TrainConfig(**values), progress=False)
+        Path(out, f"rank{rank}").write_text("finished")
+    except loop_module.TrainingInterrupted as err:
+        Path(out, f"rank{rank}").write_text(str(err.step))
+
+
+@pytest.mark.slow
+def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step(data_dir, tmp_path):
+    """torchrun may deliver a signal to ranks at different moments: they must still agree."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    values = settings(data_dir, tmp_path, micro_batch=16, checkpoint_interval=0, eval_interval=0)
+    mp.spawn(_ddp_worker, args=(port, values, str(tmp_path)), nprocs=2)
+    steps = {(tmp_path / f"rank{r}").read_text() for r in (0, 1)}
+    assert steps == {"3"}  # rank 0 got no signal, yet stopped with rank 1
+    step = 3
+    run_dir = run_dir_of(values)
+    assert latest_checkpoint(run_dir).name == f"step_{step:06d}"
+    assert load_checkpoint(run_dir).meta["world_size"] == 2
