@@ -65,6 +65,12 @@ def save(root, step, model, opt, **kw):
     )
 
 
+def write_signed_meta(path, meta: dict) -> None:
+    """Write an edited meta.json with a matching checksum, as a deliberate forger would."""
+    meta["checksum"] = ck._meta_checksum(meta)
+    (path / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
 @pytest.fixture(scope="module")
 def trained():
     return make_trained()
@@ -155,7 +161,7 @@ def test_unparseable_tensor_file_with_matching_record(saved):
         "bytes": 22,
         "sha256": ck._sha256(path / "model.safetensors"),
     }
-    (path / "meta.json").write_text(json.dumps(meta))
+    write_signed_meta(path, meta)
     with pytest.raises(CheckpointError, match=r"model\.safetensors.*unreadable"):
         load_model(path)
 
@@ -187,10 +193,41 @@ def test_missing_files(saved):
 def test_tampered_json(saved, edit, match):
     _, path, *_ = saved
     meta_path = path / "meta.json"
-    meta_path.write_text(edit(meta_path.read_text()))
+    text = edit(meta_path.read_text())
+    try:
+        write_signed_meta(path, json.loads(text))  # re-signed: the field checks must catch it
+    except json.JSONDecodeError:
+        meta_path.write_text(text)
     with pytest.raises(CheckpointError, match=match) as info:
         load_model(path)
     assert "meta.json" in str(info.value) or "model.safetensors" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda meta: meta.update(step=meta["step"] + 1),
+        lambda meta: meta["loader"].update(position=7),
+        lambda meta: meta.update(checksum="0" * 64),
+    ],
+)
+def test_meta_json_is_covered_by_its_checksum(saved, edit):
+    """A bit flip in meta.json (step, loader position...) was read silently before."""
+    _, path, *_ = saved
+    meta = json.loads((path / "meta.json").read_text())
+    edit(meta)
+    (path / "meta.json").write_text(json.dumps(meta, indent=1))
+    with pytest.raises(CheckpointError, match=r"meta\.json: checksum does not match"):
+        load_checkpoint(path)
+
+
+def test_format_1_without_checksum_is_still_read(saved):
+    _, path, *_ = saved
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["checksum"]
+    meta["format_version"] = 1
+    (path / "meta.json").write_text(json.dumps(meta, indent=1))
+    assert load_checkpoint(path).meta["step"] == 2
 
 
 def test_bad_latest_pointer(saved):

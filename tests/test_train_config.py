@@ -82,6 +82,13 @@ def test_budget_and_steps():
         ("device", "toaster"),
         ("loggers", ["mlflow"]),
         ("run_name", "a/b"),
+        ("run_name", ".."),  # would write into the parent of out_dir
+        ("run_name", "."),
+        ("run_name", "a\\b"),
+        ("lr", float("inf")),
+        ("lr", float("nan")),
+        ("weight_decay", float("inf")),
+        ("grad_clip", float("nan")),
         ("compile", "yes"),
         ("decay_fraction", 2.0),
     ],
@@ -89,6 +96,21 @@ def test_budget_and_steps():
 def test_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         TrainConfig(**{"preset": "nano", field: value})
+
+
+@pytest.mark.parametrize("base", [float("nan"), -10000.0, 0.0, float("inf")])
+def test_rope_base_must_be_positive_and_finite(base):
+    with pytest.raises(ValueError, match="rope_base"):
+        TrainConfig(preset="nano", model_overrides={"rope_base": base})
+
+
+def test_run_fingerprint_ignores_where_the_run_lives():
+    from rove.train.config import run_fingerprint
+
+    a = TrainConfig(preset="nano").resolve().to_dict()
+    moved = dict(a, out_dir="elsewhere", run_name="renamed")
+    assert run_fingerprint(a) == run_fingerprint(moved)
+    assert run_fingerprint(a) != run_fingerprint(dict(a, max_steps=a["max_steps"] + 1))
 
 
 def test_model_overrides_validation():

@@ -1,8 +1,11 @@
-"""Atomic file writes: a temp file in the target's folder, fsync, then ``os.replace``.
+"""Atomic file writes: an exclusive temp file in the target's folder, fsync, ``os.replace``,
+then fsync of the folder.
 
 Every file that another step trusts (manifests, shards, checkpoints' ``latest`` pointer, run
 summaries, ``results.json``) is written this way, so an interrupted process leaves either the old
-file or the new one, never a torn one.
+file or the new one, never a torn one. The temp file has an unpredictable name and is created
+with ``O_EXCL | O_NOFOLLOW``, so a file or symlink planted in the folder is never written
+through; the folder is fsynced after the rename so the new name survives a power loss.
 """
 
 from __future__ import annotations
@@ -10,25 +13,46 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_open", "write_json_atomic", "write_text_atomic"]
+__all__ = ["atomic_open", "fsync_dir", "write_json_atomic", "write_text_atomic"]
+
+_EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make renames and creations inside folder ``path`` durable (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems (and Windows) cannot fsync a folder
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """Open a temp file for writing; on success it replaces ``path``, on error it is removed."""
+    """Open a new temp file for writing; on success it replaces ``path``, on error it is removed."""
+    if "w" not in mode:
+        raise ValueError(f"atomic_open writes a new file; mode must contain 'w', got {mode!r}")
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(8)}")
     encoding = None if "b" in mode else "utf-8"
+    fd = os.open(tmp, _EXCLUSIVE, 0o666)  # permissions as umask allows, like open()
     try:
-        with open(tmp, mode, encoding=encoding) as f:
+        with open(fd, mode, encoding=encoding) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -6,6 +6,14 @@ Each finished step is on disk (``summary.json`` after training, ``eval.json`` af
 ``results.json`` after each run), so an interrupted comparison resumes without redoing finished
 work: a half-trained run continues from its last checkpoint.
 
+What is on disk is reused only if it is what the comparison asks for: a run folder whose stored
+config has another fingerprint (``rove.train.config.run_fingerprint``: every TrainConfig field
+but where the folder lives) is refused before any work, naming the changed fields; ``--force``
+moves such runs aside (``<run>.stale-<n>``) and trains them again. Retraining can cost hours,
+so it is never silent. An ``eval.json`` made with another EvalConfig or of another step is
+evaluated again without asking: that is cheap and reproducible from the checkpoint. The whole
+output folder is locked (``rove.lock``) while a comparison runs.
+
 ``rove demo`` is ``compare`` with the embedded CPU default: tiny RoPE and RoVE models on the
 Python standard library's source (byte tokenizer, no download), three seeds each.
 """
@@ -16,7 +24,9 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import os
 import platform
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,14 +36,28 @@ import torch
 from tqdm.auto import tqdm
 
 from rove.atomic import write_json_atomic
-from rove.evaluate import EvalConfig, evaluate_checkpoint
+from rove.evaluate import EvalConfig, eval_output_lock, evaluate_checkpoint
+from rove.lock import FolderLockedError, lock_folder
 from rove.report import write_report
 from rove.train import TrainConfig, train
+from rove.train.config import LOCATION_FIELDS, run_fingerprint
+from rove.train.loop import TrainingInterrupted
 from rove.train.metrics import read_metrics
 
-__all__ = ["CompareConfig", "demo_config", "demo_main", "main", "run_compare"]
+__all__ = [
+    "CompareConfig",
+    "StaleRunError",
+    "demo_config",
+    "demo_main",
+    "main",
+    "run_compare",
+]
 
 RESULTS = "results.json"
+
+
+class StaleRunError(ValueError):
+    """A run folder of the comparison was trained with another config."""
 
 
 @dataclass
@@ -72,25 +96,80 @@ def _curve(run_dir: Path) -> list[dict]:
     ]
 
 
+def _stale_fields(run_dir: Path, tcfg: TrainConfig) -> list[str]:
+    """'field: stored -> wanted' for each difference between the config stored in ``run_dir``
+    and ``tcfg`` (empty if they have the same fingerprint, or nothing is stored yet)."""
+    stored_file = run_dir / "config.json"
+    if not stored_file.is_file():
+        return []
+    stored = json.loads(stored_file.read_text(encoding="utf-8"))["train"]
+    wanted = json.loads(json.dumps(tcfg.resolve().to_dict()))  # JSON types, as stored
+    if run_fingerprint(stored) == run_fingerprint(wanted):
+        return []
+    return [
+        f"{k}: {stored.get(k)!r} -> {wanted.get(k)!r}"
+        for k in sorted(set(stored) | set(wanted))
+        if k not in LOCATION_FIELDS and stored.get(k) != wanted.get(k)
+    ]
+
+
+def _move_aside(run_dir: Path) -> Path:
+    """Rename a stale run folder to the first free ``<name>.stale-<n>``; never delete it."""
+    n = 1
+    while (target := run_dir.with_name(f"{run_dir.name}.stale-{n}")).exists():
+        n += 1
+    os.replace(run_dir, target)
+    return target
+
+
+def _check_stale(cfg: CompareConfig, force: bool) -> None:
+    """Before any work: refuse (or with ``force`` move aside) runs trained with another config."""
+    stale = {}
+    for seed in cfg.seeds:
+        for pos in cfg.positions:
+            tcfg = cfg.train_config(pos, seed)
+            run_dir = Path(tcfg.out_dir) / cfg.run_name(pos, seed)
+            if changed := _stale_fields(run_dir, tcfg):
+                stale[run_dir] = changed
+    if stale and not force:
+        details = "; ".join(f"{d}: {', '.join(c)}" for d, c in stale.items())
+        raise StaleRunError(
+            f"{len(stale)} run(s) in {cfg.out_dir} were trained with another config ({details}). "
+            "Their results would be labelled with the new config: rerun with --force "
+            "(force=True) to move them aside as <run>.stale-<n> and train them again, or "
+            "choose another output folder"
+        )
+    for run_dir in stale:
+        print(f"rove compare: {run_dir} has another config; moved to {_move_aside(run_dir)}")
+
+
+def _eval_is_current(record: dict, cfg: CompareConfig, summary: dict) -> bool:
+    """``eval.json`` was made with this EvalConfig, of the run's final checkpoint."""
+    wanted = json.loads(json.dumps(dataclasses.asdict(cfg.eval)))
+    return record.get("eval_config") == wanted and record.get("step") == summary.get("steps")
+
+
 def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
     """Train (or resume) and evaluate one model, reusing whatever is already on disk."""
     tcfg = cfg.train_config(pos, seed)
     run_dir = Path(tcfg.out_dir) / cfg.run_name(pos, seed)
     if not (run_dir / "summary.json").is_file():
         train(tcfg, progress=progress, resume=run_dir.is_dir())
-    eval_file = run_dir / "eval.json"
-    if eval_file.is_file():
-        record = json.loads(eval_file.read_text())
-    else:
-        record = evaluate_checkpoint(run_dir, cfg.eval, progress=progress)
-        write_json_atomic(eval_file, record)
     summary = json.loads((run_dir / "summary.json").read_text())
+    eval_file = run_dir / "eval.json"
+    with eval_output_lock(eval_file):
+        record = json.loads(eval_file.read_text()) if eval_file.is_file() else None
+        if record is None or not _eval_is_current(record, cfg, summary):
+            record = evaluate_checkpoint(run_dir, cfg.eval, progress=progress)
+            write_json_atomic(eval_file, record)
+    stored = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["train"]
     return {
         **record,
         "label": pos,
         "pos": pos,
         "seed": seed,
         "run_dir": str(run_dir),
+        "fingerprint": run_fingerprint(stored),
         "train": summary,
         "curve": _curve(run_dir),
     }
@@ -106,10 +185,20 @@ def _setup_line(cfg: CompareConfig, runs: list[dict]) -> str:
     )
 
 
-def run_compare(cfg: CompareConfig, *, progress: bool = True) -> Path:
-    """Run (or resume) the comparison; returns the path of ``report.md``."""
+def run_compare(cfg: CompareConfig, *, progress: bool = True, force: bool = False) -> Path:
+    """Run (or resume) the comparison; returns the path of ``report.md``.
+
+    Raises ``StaleRunError`` if a run folder holds a run with another config (``force``
+    moves such runs aside and retrains them), ``FolderLockedError`` if another comparison
+    writes to ``cfg.out_dir``.
+    """
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with lock_folder(out, f"comparison folder {out}"):
+        return _run_compare(cfg, out, progress=progress, force=force)
+
+
+def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) -> Path:
+    _check_stale(cfg, force)
     write_json_atomic(out / "compare_config.json", dataclasses.asdict(cfg))
     jobs = [(pos, seed) for seed in cfg.seeds for pos in cfg.positions]
     runs: list[dict] = []
@@ -223,10 +312,10 @@ def demo_main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="2-minute smoke version")
     p.add_argument("--out", help="output folder (default runs/demo, or runs/demo-quick)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--force", action="store_true", help="retrain runs made with another config")
     args = p.parse_args(argv)
-    report = run_compare(demo_config(args.quick, args.out), progress=not args.quiet)
-    _print_done(report)
-    return 0
+    cfg = demo_config(args.quick, args.out)
+    return _run_and_print("rove demo", cfg, progress=not args.quiet, force=args.force)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         help="TrainConfig field shared by all runs (JSON value), e.g. --train preset=gpt2-124m",
     )  # fmt: skip
     p.add_argument("--report-only", action="store_true", help="rebuild report.md from results.json")
+    p.add_argument(
+        "--force", action="store_true",
+        help="retrain runs whose stored config differs (the old ones are moved aside)",
+    )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     data = json.loads(Path(args.config).read_text()) if args.config else {}
@@ -264,6 +357,18 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads((Path(cfg.out_dir) / RESULTS).read_text())
         print(f"wrote {write_report(results, cfg.out_dir)}")
         return 0
-    report = run_compare(cfg, progress=not args.quiet)
+    return _run_and_print("rove compare", cfg, progress=not args.quiet, force=args.force)
+
+
+def _run_and_print(prog: str, cfg: CompareConfig, *, progress: bool, force: bool) -> int:
+    """``run_compare`` for a command line: errors as messages and exit codes, not tracebacks."""
+    try:
+        report = run_compare(cfg, progress=progress, force=force)
+    except TrainingInterrupted as err:
+        print(f"{prog}: {err}; run the same command again to continue", file=sys.stderr)
+        return err.exit_code
+    except (StaleRunError, FolderLockedError) as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 1
     _print_done(report)
     return 0

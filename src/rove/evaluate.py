@@ -17,8 +17,10 @@ The record it returns is the per-model entry of ``rove compare``'s ``results.jso
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,16 @@ from rove.atomic import write_json_atomic
 from rove.eval.icl import ICL_TASKS, evaluate_icl
 from rove.eval.perplexity import perplexity_vs_length
 from rove.eval.ruler import RULER_TASKS, evaluate_ruler
+from rove.lock import FolderLockedError, lock_folder
 
-__all__ = ["DEFAULT_RULER_TASKS", "EvalConfig", "evaluate_checkpoint", "evaluate_model", "main"]
+__all__ = [
+    "DEFAULT_RULER_TASKS",
+    "EvalConfig",
+    "eval_output_lock",
+    "evaluate_checkpoint",
+    "evaluate_model",
+    "main",
+]
 
 # QA needs local SQuAD / HotpotQA files; the rest is generated from the corpus
 DEFAULT_RULER_TASKS = (
@@ -227,6 +237,13 @@ def evaluate_checkpoint(
     return record
 
 
+def eval_output_lock(out: str | Path) -> contextlib.AbstractContextManager:
+    """An exclusive lock on eval output file ``out`` (a ``.<name>.lock`` beside it), so two
+    evaluations never write one file; a second one is refused, naming the first."""
+    out = Path(out)
+    return lock_folder(out.parent, f"evaluation output {out}", name=f".{out.name}.lock")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rove eval",
@@ -289,9 +306,16 @@ def main(argv: list[str] | None = None) -> int:
         core_max_per_task=args.core_max_per_task,
         seed=args.seed,
     )
-    record = evaluate_checkpoint(args.checkpoint, cfg, device=args.device, progress=not args.quiet)
     out = Path(args.out) if args.out else Path(args.checkpoint) / "eval.json"
-    write_json_atomic(out, record)
+    try:
+        with eval_output_lock(out):
+            record = evaluate_checkpoint(
+                args.checkpoint, cfg, device=args.device, progress=not args.quiet
+            )
+            write_json_atomic(out, record)
+    except FolderLockedError as err:
+        print(f"rove eval: error: {err}", file=sys.stderr)
+        return 1
     print(f"wrote {out}")
     for n, ppl in record.get("ppl", {}).items():
         scaled = {k: v.get(n) for k, v in record.get("ppl_scaled", {}).items() if v.get(n)}

@@ -15,10 +15,11 @@ from rove.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     load_model,
+    resume_checkpoint,
     save_checkpoint,
 )
 from rove.train.config import RECIPES, TrainConfig, build_model_config
-from rove.train.loop import NonFiniteLossError, train
+from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train
 from rove.train.schedule import cosine_schedule, lr_multiplier, wsd_schedule
 
 __all__ = [
@@ -26,12 +27,14 @@ __all__ = [
     "CheckpointError",
     "NonFiniteLossError",
     "TrainConfig",
+    "TrainingInterrupted",
     "build_model_config",
     "cosine_schedule",
     "latest_checkpoint",
     "load_checkpoint",
     "load_model",
     "lr_multiplier",
+    "resume_checkpoint",
     "save_checkpoint",
     "train",
     "wsd_schedule",

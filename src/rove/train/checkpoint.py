@@ -8,15 +8,18 @@ writing must never leave a checkpoint that looks complete but is not. Layout::
             model.safetensors      weights; tied tensors stored once (see ``meta["tied"]``)
             optimizer.safetensors  AdamW moments and step counts, keyed "state.<param>.<name>"
             meta.json              step, tokens, configs, tokenizer identity, loader state, RNG
-                                   states of every rank, optimizer hyper-parameters, and the size
-                                   and sha256 of each tensor file
+                                   states of every rank, optimizer hyper-parameters, the size
+                                   and sha256 of each tensor file, and its own sha256
         latest                     name of the newest complete checkpoint, written last
 
 Notable features:
 - A checkpoint is written into a hidden temporary folder and renamed into place, and ``latest``
   is replaced (``os.replace``) only afterwards, so readers see either the old or the new state.
-- Loading checks every file's size and sha256 before parsing it and raises an error naming the
-  file for anything missing, truncated or tampered with; nothing is ever unpickled.
+- Loading checks every file's size and sha256 (``meta.json`` included: its ``checksum`` field
+  covers the rest of it) before parsing it and raises an error naming the file for anything
+  missing, truncated or tampered with; nothing is ever unpickled.
+- :func:`resume_checkpoint` falls back to the newest checkpoint that loads when ``latest`` is
+  missing or its target is damaged, with a warning for each one skipped.
 - ``load_model`` rebuilds a ``GPT`` from the stored config for evaluation, re-tying the
   embedding and LM head.
 """
@@ -26,9 +29,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import random
 import re
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +43,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from rove.atomic import write_text_atomic
+from rove.atomic import fsync_dir, write_text_atomic
 from rove.model import GPT, GPTConfig
 
 __all__ = [
@@ -50,11 +55,14 @@ __all__ = [
     "load_checkpoint",
     "load_model",
     "restore_rng",
+    "resume_checkpoint",
     "save_checkpoint",
 ]
 
+log = logging.getLogger("rove.train")
+
 FORMAT = "rove-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: meta.json carries its own checksum; 1 is still read
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 META_FILE = "meta.json"
@@ -145,6 +153,12 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _meta_checksum(meta: dict) -> str:
+    """sha256 of ``meta`` without its ``checksum`` field, in a canonical JSON form."""
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -207,9 +221,8 @@ def save_checkpoint(
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     name = step_dir_name(step)
-    tmp = root / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = root / f".tmp-{name}-{secrets.token_hex(8)}"
+    tmp.mkdir()  # exclusive: fails on anything planted under that unpredictable name
     tensors, tied = _model_tensors(model)
     save_file(tensors, tmp / MODEL_FILE, metadata={"format": FORMAT})
     files = [MODEL_FILE]
@@ -235,11 +248,14 @@ def save_checkpoint(
     for file in files:
         _fsync(tmp / file)
         meta["files"][file] = {"bytes": (tmp / file).stat().st_size, "sha256": _sha256(tmp / file)}
+    meta["checksum"] = _meta_checksum(meta)
     (tmp / META_FILE).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     _fsync(tmp / META_FILE)
+    fsync_dir(tmp)
     final = root / name
     shutil.rmtree(final, ignore_errors=True)  # a complete folder from a crash before `latest`
     os.replace(tmp, final)
+    fsync_dir(root)
     write_text_atomic(root / LATEST, name + "\n")
     _prune(root, keep, newest=step)
     return final
@@ -302,12 +318,16 @@ def _read_meta(folder: Path) -> dict:
         raise CheckpointError(f"{path}: corrupt JSON ({err})") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
+    if (meta.get("format_version") != 1 or "checksum" in meta) and meta.get(
+        "checksum"
+    ) != _meta_checksum(meta):
+        raise CheckpointError(f"{path}: checksum does not match the content (corrupt or modified)")
     for key, kind in _REQUIRED.items():
         if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
             raise CheckpointError(
                 f"{path}: field {key!r} must be {kind.__name__}, found {meta.get(key)!r:.80}"
             )
-    if meta["format"] != FORMAT or meta["format_version"] != FORMAT_VERSION:
+    if meta["format"] != FORMAT or meta["format_version"] not in (1, FORMAT_VERSION):
         raise CheckpointError(
             f"{path}: format {meta['format']!r} v{meta['format_version']}, this rove reads "
             f"{FORMAT!r} v{FORMAT_VERSION}"
@@ -366,6 +386,53 @@ def load_checkpoint(
         opt_tensors = _read_tensors(folder, meta, OPTIMIZER_FILE, device)
         opt_state = _optimizer_state(meta, opt_tensors, folder)
     return Checkpoint(folder, meta, model_state, opt_state)
+
+
+def resume_checkpoint(path: str | Path, *, device: str | torch.device = "cpu") -> Checkpoint | None:
+    """The newest checkpoint of a run (or checkpoints) folder that loads completely, or None
+    if the folder holds no checkpoint at all.
+
+    Why not just ``latest``: a kill between a checkpoint's rename and the ``latest`` update,
+    a deleted pointer or a damaged newest checkpoint must cost at most the steps since the
+    previous good one, never the whole run. Each skipped candidate is logged as a warning;
+    if checkpoints exist but none loads, ``CheckpointError`` lists why, rather than letting the
+    caller restart at step 0 over them.
+    """
+    path = Path(path)
+    root = path / CHECKPOINTS if (path / CHECKPOINTS).is_dir() else path
+    if not root.is_dir():
+        return None
+    steps = sorted(
+        ((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))),
+        reverse=True,
+    )
+    pointer = root / LATEST
+    named = (
+        pointer.read_text(encoding="utf-8", errors="replace").strip() if pointer.is_file() else None
+    )
+    if not steps and named is None:
+        return None
+    failures = []
+    for _, folder in steps:
+        try:
+            ckpt = load_checkpoint(folder, device=device)
+        except (CheckpointError, OSError) as err:
+            log.warning("skipping checkpoint %s: %s", folder, err)
+            failures.append(f"{folder.name}: {err}")
+            continue
+        if named != folder.name:
+            log.warning(
+                "%s names %r, resuming from the newest complete checkpoint %s instead",
+                pointer,
+                named,
+                folder.name,
+            )
+        return ckpt
+    reasons = "; ".join(failures) or f"{pointer} names {named!r} but no step_* folder exists"
+    raise CheckpointError(
+        f"{root}: no usable checkpoint to resume from ({reasons}); refusing to restart at "
+        "step 0 over it: move the run folder away to start afresh"
+    )
 
 
 def restore_model(model: GPT, ckpt: Checkpoint) -> None:

@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--run-name", help="run directory name; default: <preset>-<pos>-seed<seed>")
     g.add_argument("--log", choices=LOGGERS, action="append", default=[], help="extra logger")
     g.add_argument("--wandb-project", default="rove", help="W&B project for --log wandb")
-    g.add_argument("--resume", action="store_true", help="continue the run's latest checkpoint")
+    g.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     return p
@@ -150,11 +150,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if main_rank:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from rove.train.loop import NonFiniteLossError, train  # heavy imports only when training
+    from rove.lock import FolderLockedError
+    from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train  # heavy imports
 
     try:
         run_dir = train(cfg, progress=not args.no_progress, resume=args.resume)
-    except (ValueError, FileExistsError, FileNotFoundError, NonFiniteLossError) as err:
+    except TrainingInterrupted as err:
+        print(f"rove train: {err}; continue with --resume", file=sys.stderr)
+        return err.exit_code
+    except (
+        ValueError,
+        FileExistsError,
+        FileNotFoundError,
+        FolderLockedError,
+        NonFiniteLossError,
+    ) as err:
         print(f"rove train: error: {err}", file=sys.stderr)
         return 1
     if main_rank:

@@ -18,6 +18,9 @@ Assumptions the paper leaves open are listed in ``docs/training.md``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +38,7 @@ __all__ = [
     "TrainConfig",
     "build_model_config",
     "pad_vocab",
+    "run_fingerprint",
 ]
 
 SCHEDULES = ("cosine", "wsd")
@@ -46,9 +50,12 @@ VOCAB_MULTIPLE = 64
 # Set by the run itself, never by an override: vocab_size from the tokenizer, block_size from
 # seq_len, pos from its own field.
 DERIVED_MODEL_FIELDS = ("vocab_size", "block_size", "pos")
+# Where a run folder lives: not part of a run's identity, so a moved or renamed folder resumes.
+LOCATION_FIELDS = ("out_dir", "run_name")
 # Fields a resumed run may change: they affect logging, speed or bookkeeping, not the math
 # (micro_batch changes only the float summation order of gradient accumulation).
 RESUMABLE_CHANGES = (
+    *LOCATION_FIELDS,
     "micro_batch",
     "compile",
     "device",
@@ -211,8 +218,8 @@ class TrainConfig:
         _positive_int("eval_tokens", self.eval_tokens, optional=True)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
-        if self.lr is not None and not (_number(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if self.lr is not None and not (_finite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
         for name, lo, hi in (
             ("min_lr_ratio", 0.0, 1.0),
             ("beta1", 0.0, 1.0 - 1e-12),
@@ -224,8 +231,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a number in [{lo}, {hi:g}], got {value!r}")
         for name in ("weight_decay", "grad_clip"):
             value = getattr(self, name)
-            if not (_number(value) and value >= 0):
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+            if not (_finite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be a bool, got {self.compile!r}")
         if self.device != "auto":
@@ -242,15 +249,20 @@ class TrainConfig:
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
         if self.run_name is not None and (
-            not isinstance(self.run_name, str) or not self.run_name or "/" in self.run_name
+            not isinstance(self.run_name, str)
+            or self.run_name in ("", ".", "..")
+            or any(c in self.run_name for c in "/\\\0")
         ):
             raise ValueError(
-                f"run_name must be a non-empty name without '/', got {self.run_name!r}"
+                f"run_name must be a folder name inside out_dir (no '/', '\\', '.' or '..'), "
+                f"got {self.run_name!r}"
             )
         try:
-            build_model_config(self, vocab_size=VOCAB_MULTIPLE)
+            model = build_model_config(self, vocab_size=VOCAB_MULTIPLE)
         except (TypeError, ValueError) as err:
             raise ValueError(f"model_overrides: {err}") from None
+        if not (_finite(model.rope_base) and model.rope_base > 0):
+            raise ValueError(f"rope_base must be a positive finite number, got {model.rope_base!r}")
         if self.max_steps is not None and self.warmup_steps is not None:
             if self.schedule == "wsd":
                 decay_start = self.max_steps - round(self.decay_fraction * self.max_steps)
@@ -342,6 +354,20 @@ def build_model_config(cfg: TrainConfig, vocab_size: int) -> GPTConfig:
     if cfg.seq_len is not None:
         overrides["block_size"] = cfg.seq_len
     return get_preset(cfg.preset, **overrides)
+
+
+def run_fingerprint(train_config: dict) -> str:
+    """sha256 of a resolved ``TrainConfig.to_dict()`` without where the run lives.
+
+    Two runs with the same fingerprint are the same experiment: ``rove compare`` reuses a run
+    folder only if its stored config has the fingerprint the comparison asks for.
+    """
+    identity = {k: v for k, v in train_config.items() if k not in LOCATION_FIELDS}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def _finite(value: object) -> bool:
+    return _number(value) and math.isfinite(value)  # type: ignore[arg-type]
 
 
 def _number(value: object) -> bool:

@@ -18,6 +18,12 @@ Notable features:
   for every run with the same data, seq_len, eval_tokens and global micro-batch.
 - A non-finite loss or gradient norm stops the run before the optimizer step, with an error
   naming the step, and no checkpoint of that state is written.
+- One process per run folder: rank 0 holds an exclusive lock on it (``rove.lock``) for the
+  whole run, and a second training into the same folder is refused, naming the holder.
+- SIGTERM / SIGINT (preemption, Ctrl-C) finish the current step, write a checkpoint and raise
+  ``TrainingInterrupted`` (the CLI exits with 128 + the signal number); a second signal stops
+  at once. Resume falls back to the newest good checkpoint (``resume_checkpoint``), and is
+  checked against the config before any data is prepared.
 - Silent when called from Python apart from the progress bar (``progress=False`` removes it);
   messages go to the ``rove.train`` logger.
 """
@@ -29,8 +35,10 @@ import logging
 import math
 import platform
 import random
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -48,18 +56,24 @@ from rove.data import (
     load_manifest,
     prepare_dataset,
 )
+from rove.lock import FolderLock, FolderLockedError, acquire
 from rove.model import GPT
 from rove.train.checkpoint import (
     CHECKPOINTS,
+    Checkpoint,
     CheckpointError,
     capture_rng,
-    latest_checkpoint,
-    load_checkpoint,
     restore_model,
     restore_rng,
+    resume_checkpoint,
     save_checkpoint,
 )
-from rove.train.config import RESUMABLE_CHANGES, TrainConfig, build_model_config
+from rove.train.config import (
+    RESUMABLE_CHANGES,
+    TrainConfig,
+    build_model_config,
+    run_fingerprint,
+)
 from rove.train.distributed import (
     DistInfo,
     all_gather_objects,
@@ -81,6 +95,7 @@ from rove.train.schedule import lr_multiplier
 
 __all__ = [
     "NonFiniteLossError",
+    "TrainingInterrupted",
     "autocast_dtype",
     "configure_optimizer",
     "evaluate",
@@ -95,6 +110,56 @@ VAL_SEED = 0  # the val windows' order never depends on the run's seed
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss, gradient norm or validation loss became NaN or infinite."""
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM or SIGINT stopped the run after a step; a checkpoint of that step was written."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.exit_code = 128 + signum  # the shell's convention for death by a signal
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name} after step {step}; checkpoint {checkpoint}")
+
+
+class _StopOnSignal:
+    """Turns SIGTERM / SIGINT into a request to stop after the current step.
+
+    Why not die at once: preemption (SIGTERM, then SIGKILL after a grace period) or Ctrl-C
+    would lose everything since the last checkpoint. A second signal restores the previous
+    handler and re-delivers itself, so a stuck run can still be stopped. Only the main thread
+    can install handlers; elsewhere the defaults stay.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)  # type: ignore[arg-type]
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum:
+            self.restore()
+            signal.raise_signal(signum)
+            return
+        self.signum = signum
+        log.warning("%s: stopping after this step", signal.Signals(signum).name)
+
+    def requested(self, info: DistInfo) -> int:
+        """The signal to stop for (0: none), agreed by all ranks."""
+        if not info.distributed:
+            return self.signum
+        flagged = torch.tensor(float(self.signum > 0), device=info.device)
+        return (self.signum or signal.SIGTERM) if all_reduce_mean(flagged, info).item() else 0
 
 
 def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
@@ -251,6 +316,38 @@ def _prepare_data(cfg: TrainConfig, info: DistInfo, progress: bool) -> tuple[Pat
     return data_dir, tok.identity()
 
 
+@contextlib.contextmanager
+def _run_lock(run_dir: Path, info: DistInfo) -> Iterator[FolderLock | None]:
+    """Rank 0 locks the run folder; every rank raises if it could not."""
+    lock, error = None, None
+    if info.is_main:
+        try:
+            lock = acquire(run_dir, f"run folder {run_dir}")
+        except FolderLockedError as err:
+            error = str(err)
+    errors = [e for e in all_gather_objects(error, info) if e]
+    if errors:
+        raise FolderLockedError(errors[0])
+    try:
+        yield lock
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _resume_point(run_dir: Path, cfg: TrainConfig) -> Checkpoint | None:
+    """The checkpoint to resume from, checked against ``cfg`` before any data is prepared."""
+    ckpt = resume_checkpoint(run_dir)
+    if ckpt is None:
+        if (run_dir / METRICS_FILE).exists():
+            log.warning("%s has no checkpoint yet: starting it again at step 0", run_dir)
+        return None
+    if not isinstance(ckpt.meta.get("loader"), dict) or not ckpt.meta.get("rng"):
+        raise CheckpointError(f"{ckpt.path}: not a training checkpoint (no loader/RNG state)")
+    _check_resumable(ckpt.meta["train_config"], cfg.to_dict(), ckpt.path)
+    return ckpt
+
+
 def _check_resumable(stored: dict, current: dict, where: Path) -> None:
     changed = sorted(
         k
@@ -275,14 +372,19 @@ def _seed_everything(seed: int) -> None:
 def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> Path:
     """Train a model as ``cfg`` says and return the run directory.
 
-    ``resume=True`` continues from the run directory's latest checkpoint (or starts fresh if
-    there is none); without it an existing run directory is an error, never overwritten.
+    ``resume=True`` continues from the run directory's newest good checkpoint (or starts
+    fresh if there is none; ``CheckpointError`` if there are some but none loads); without it
+    an existing run directory is an error, never overwritten.
     Under ``torchrun`` every process calls this; rank 0 writes files and shows the bar.
+
+    Raises ``FolderLockedError`` if another process trains into the same run folder, and
+    ``TrainingInterrupted`` after saving a checkpoint when SIGTERM or SIGINT arrives.
     """
     cfg = cfg.resolve()
     info = init_distributed(cfg.device)
     try:
-        return _train(cfg, info, progress=progress, resume=resume)
+        with _run_lock(Path(cfg.out_dir) / cfg.run_name, info):
+            return _train(cfg, info, progress=progress, resume=resume)
     finally:
         shutdown_distributed(info)
 
@@ -291,13 +393,16 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
     started = time.perf_counter()
     grad_accum = cfg.grad_accum_steps(info.world_size)
     run_dir = Path(cfg.out_dir) / cfg.run_name
-    latest = latest_checkpoint(run_dir) if resume and run_dir.is_dir() else None
+    ckpt = _resume_point(run_dir, cfg) if resume else None
+    latest = ckpt.path if ckpt is not None else None
     if not resume and ((run_dir / CHECKPOINTS).exists() or (run_dir / METRICS_FILE).exists()):
         raise FileExistsError(
             f"{run_dir} already holds a run; resume it (resume=True, --resume) or choose "
             "another run_name / out_dir"
         )
     data_dir, tok_identity = _prepare_data(cfg, info, progress)
+    # the fixed val windows must exist now, not only when the first validation runs
+    TokenLoader(data_dir, "val", cfg.micro_batch, cfg.seq_len, world_size=info.world_size)
     model_cfg = build_model_config(cfg, vocab_size=tok_identity["vocab_size"])
     amp = autocast_dtype(cfg.dtype, info.device)
 
@@ -313,11 +418,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         seed=cfg.seed,
     )
     step, elapsed_before = 0, 0.0
-    ckpt = load_checkpoint(latest) if latest is not None else None
     if ckpt is not None:
-        if not isinstance(ckpt.meta.get("loader"), dict) or not ckpt.meta.get("rng"):
-            raise CheckpointError(f"{latest}: not a training checkpoint (no loader/RNG state)")
-        _check_resumable(ckpt.meta["train_config"], cfg.to_dict(), latest)
         check_tokenizer_identity(ckpt.meta["tokenizer"], tok_identity, f"checkpoint {latest}")
         restore_model(raw, ckpt)
     raw.to(info.device)
@@ -343,6 +444,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
             run_dir / CONFIG_FILE,
             {
                 "train": cfg.to_dict(),
+                "fingerprint": run_fingerprint(cfg.to_dict()),  # what compare checks reuse by
                 "model": model_cfg.to_dict(),
                 "tokenizer": tok_identity,
                 "data_dir": str(data_dir),
@@ -404,6 +506,8 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         return value
 
     train_time, timed_tokens, rate = 0.0, 0, None
+    stop = _StopOnSignal()
+    stop.install()
     try:
         if step == 0 and cfg.eval_interval > 0:
             metrics.log({"step": 0, "tokens": 0, "val_loss": validate(0)})
@@ -457,17 +561,23 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
             if step == cfg.max_steps or (cfg.eval_interval and step % cfg.eval_interval == 0):
                 record["val_loss"] = validate(step)
             metrics.log(record)
-            if step == cfg.max_steps or (
-                cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
+            signum = stop.requested(info) if step < cfg.max_steps else 0
+            if (
+                step == cfg.max_steps
+                or signum
+                or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
             ):
                 elapsed = elapsed_before + time.perf_counter() - started
                 last_ckpt = checkpoint(step, elapsed) or last_ckpt
+            if signum:
+                raise TrainingInterrupted(signum, step, last_ckpt)
             postfix = {"loss": f"{loss:.4f}", "tok/s": f"{rate:,.0f}"}
             if util is not None:
                 postfix["mfu"] = f"{100 * util:.1f}%"
             bar.set_postfix(postfix, refresh=False)
             bar.update(1)
     finally:
+        stop.restore()
         bar.close()
         metrics.close()
     wall = elapsed_before + time.perf_counter() - started

@@ -1,0 +1,95 @@
+"""rove.lock (exclusive folder locks) and rove.atomic (exclusive temp files, folder fsync).
+
+Run: pytest tests/test_lock_atomic.py
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rove import atomic
+from rove.lock import FolderLockedError, acquire, lock_folder
+
+
+def test_second_lock_is_refused_naming_the_holder(tmp_path):
+    refused = pytest.raises(FolderLockedError, match=rf"run folder X is in use .*pid {os.getpid()}")
+    with lock_folder(tmp_path / "run", "run folder X"), refused:
+        acquire(tmp_path / "run", "run folder X")
+    acquire(tmp_path / "run", "run folder X").release()  # free again once released
+
+
+def test_lock_of_a_killed_holder_is_free(tmp_path):
+    """flock dies with its process: a SIGKILLed holder leaves no stale lock behind."""
+    src = Path(__file__).parents[1] / "src" / "rove" / "lock.py"
+    holder = (
+        "import importlib.util, sys, time\n"
+        f"spec = importlib.util.spec_from_file_location('lock', {str(src)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        f"m.acquire({str(tmp_path)!r}, 'folder'); print('held', flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"held\n"
+        with pytest.raises(FolderLockedError, match=f"pid {proc.pid}"):
+            acquire(tmp_path, "folder")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    acquire(tmp_path, "folder").release()
+
+
+def test_lock_file_symlink_is_not_followed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".lock").symlink_to(victim)
+    with pytest.raises(OSError):
+        acquire(tmp_path / "run", "run")
+    assert victim.read_text() == "keep me"
+
+
+def test_atomic_write_never_follows_a_planted_temp_symlink(tmp_path, monkeypatch):
+    """Before: the temp name was `.<name>.tmp-<pid>`, and a symlink planted there was written
+    through (into any file the planter chose)."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    target = tmp_path / "results.json"
+    monkeypatch.setattr(atomic.secrets, "token_hex", lambda n: "guessed")
+    for name in (f".results.json.tmp-{os.getpid()}", ".results.json.tmp-guessed"):
+        (tmp_path / name).symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        atomic.write_text_atomic(target, "new")
+    assert victim.read_text() == "keep me" and not target.exists()
+
+
+def test_atomic_write_names_are_unpredictable_and_folder_is_synced(tmp_path, monkeypatch):
+    seen, synced = [], []
+    real_replace = os.replace
+
+    def spy_replace(src, dst):
+        seen.append(Path(src).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", spy_replace)
+    monkeypatch.setattr(atomic, "fsync_dir", lambda p: synced.append((Path(p), seen[-1])))
+    for _ in range(2):
+        atomic.write_text_atomic(tmp_path / "a.txt", "x")
+    assert seen[0] != seen[1] and str(os.getpid()) not in seen[0]
+    assert synced == [(tmp_path, seen[0]), (tmp_path, seen[1])]  # after each rename
+    assert (tmp_path / "a.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+def test_atomic_write_keeps_umask_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        atomic.write_text_atomic(tmp_path / "a.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
