@@ -60,7 +60,11 @@ GENERATION_CASES = [
 ]
 
 
-@pytest.mark.parametrize("pos, variant, scaling", GENERATION_CASES)
+@pytest.mark.parametrize(
+    "pos, variant, scaling",
+    GENERATION_CASES,
+    ids=[f"{p}-{'-'.join(v) or 'mha'}-{s}" for p, v, s in GENERATION_CASES],
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_cached_generation_equals_uncached(pos, variant, scaling, seed):
     rotary = pos in ("rope", "rove")

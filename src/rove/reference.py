@@ -135,8 +135,8 @@ def reference_attention(
     q, k, v = (t.detach().cpu().to(torch.float64) for t in (q, k, v))
     out = torch.zeros(bsz, n_q, q_len, dim, dtype=torch.float64)
     for b in range(bsz):
-        qp = q_pos[b] if q_pos.ndim == 2 else q_pos
-        kp = k_pos[b] if k_pos.ndim == 2 else k_pos
+        qp = q_pos[b % q_pos.shape[0]] if q_pos.ndim == 2 else q_pos  # (1, T) broadcasts
+        kp = k_pos[b % k_pos.shape[0]] if k_pos.ndim == 2 else k_pos
         seq_len = _top(q_pos, k_pos)
         score_rot, value_rot = _relative_rotations(rotary, mode, qp, kp, dim, seq_len)
         allowed = torch.ones(q_len, k_len, dtype=torch.bool)
