@@ -170,7 +170,7 @@ class Rotary:
     def dynamic_length(self, *positions: torch.Tensor) -> int | None:
         """The length that drives dynamic NTK: ``max(position) + 1`` over all the given
         position tensors (None for other schedules). Every path (``tables``, ``rotate``,
-        ``rove.attention``, the layer with its KV cache, the model) uses this one rule."""
+        ``rove.attention``, the layer, the model) uses this one rule."""
         if not self.dynamic:
             return None
         tops = [int(p.max()) + 1 for p in positions if p.numel()]
