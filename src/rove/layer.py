@@ -116,8 +116,10 @@ class RoveAttention(nn.Module):
             raise ValueError(f"x must have shape (batch, seq, d_model), got {tuple(x.shape)}")
         bsz, seq, _ = x.shape
         offset = cache.length if cache is not None else 0
+        length = None  # max(position) + 1 for dynamic NTK: known without a sync by default
         if positions is None:
             positions = torch.arange(offset, offset + seq, device=x.device)
+            length = offset + seq
         elif self.rotary is not None:
             self.rotary.check_positions(positions, seq, batch=bsz)
         else:
@@ -134,7 +136,7 @@ class RoveAttention(nn.Module):
         else:
             assert self.rotary is not None
             if tables is None:
-                tables = self.rotary.tables(positions, table_dtype(x.dtype))
+                tables = self.rotary.tables(positions, table_dtype(x.dtype), seq_len=length)
             q, k, v = split_rotate_qkv(
                 qkv,
                 *tables,

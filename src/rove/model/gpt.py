@@ -142,8 +142,10 @@ class GPT(nn.Module):
             )
         seq = idx.shape[1]
         offset = cache.length if cache is not None else 0
+        length = None  # max(position) + 1 for dynamic NTK: known without a sync by default
         if positions is None:
             positions = torch.arange(offset, offset + seq, device=idx.device)
+            length = offset + seq
         elif self.rotary is not None:
             self.rotary.check_positions(positions, seq, batch=idx.shape[0])
         else:
@@ -159,7 +161,9 @@ class GPT(nn.Module):
                 )
             x = x + self.wpe(positions)
         elif self.rotary is not None:
-            tables = self.rotary.tables(positions, table_dtype(self.wte.weight.dtype))
+            tables = self.rotary.tables(
+                positions, table_dtype(self.wte.weight.dtype), seq_len=length
+            )
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(
