@@ -10,10 +10,13 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rove
 from rove import KVCache, Rotary, RoveAttention, attention, positions_from_doc_ids
 from rove.reference import attentive_convolution, reference_attention
+from rove.rotary import apply_rotary
 
 F64 = dict(dtype=torch.float64)
 
@@ -46,6 +49,86 @@ def test_matches_reference_float64(mode, causal, hkv, rdim, convention, shared):
     out = attention(q, k, v, mode=mode, causal=causal, rotary=rot)
     ref = reference_attention(q, k, v, mode=mode, causal=causal, rotary=rot)
     assert (out - ref).abs().max() <= 1e-10
+
+
+YARN = {"type": "yarn", "factor": 8.0, "original_max_position": 16}
+DYNAMIC = {"type": "dynamic-ntk", "factor": 4.0, "original_max_position": 16}
+# (scaling, temperature): every schedule that changes the logits or depends on the length
+SCALED = [(YARN, "logits"), (YARN, "rotated"), (DYNAMIC, "logits")]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    case=st.sampled_from(SCALED),
+    mode=st.sampled_from(["nope", "rope", "rove"]),
+    rdim=st.sampled_from([8, 4]),
+    start=st.sampled_from([0, 9, 4096]),
+    tq=st.integers(1, 6),
+    per_batch=st.booleans(),
+)
+def test_schedules_match_reference_float64(case, mode, rdim, start, tq, per_batch):
+    """Temperatures and dynamic NTK against the explicit oracle, at any offset and query count:
+    dynamic NTK's length is max(position) + 1 of the queries and keys, whatever Tq and Tk."""
+    scaling, temperature = case
+    rot = Rotary(8, rdim, base=30.0, scaling=scaling, temperature=temperature)
+    q, k, v = qkv(tq=tq, tk=6)
+    kp = start + torch.arange(6)
+    if per_batch:
+        kp = torch.stack((kp, 2 * kp + 1))  # (B, Tk): a different length for each sequence
+    pos = dict(q_positions=kp[..., 6 - tq :], k_positions=kp)
+    out = attention(q, k, v, mode=mode, rotary=rot, **pos)
+    ref = reference_attention(q, k, v, mode=mode, rotary=rot, **pos)
+    assert (out - ref).abs().max() <= 1e-10
+    if scaling is DYNAMIC:  # the rule itself: static NTK at length L = max(position) + 1
+        length, orig, factor = (
+            int(kp.max()) + 1,
+            scaling["original_max_position"],
+            scaling["factor"],
+        )
+        ntk = factor * length / orig - (factor - 1)
+        static = Rotary(8, rdim, base=30.0, scaling={"type": "ntk", "factor": max(ntk, 1.0)})
+        ref = attention(
+            q,
+            k,
+            v,
+            mode=mode,
+            rotary=static if length > orig else Rotary(8, rdim, base=30.0),
+            **pos,
+        )
+        assert (out - ref).abs().max() <= 1e-10
+
+
+def explicit_yarn_logits(q, k, rot, temperature):
+    """float64 logits written out: HF folds the attention factor into q's and k's cos/sin
+    (so only rotated channels carry it); the paper multiplies every logit by its square."""
+    af = rot.frequencies().attention_factor
+    cos, sin = rot.tables(torch.arange(q.shape[2]), torch.float64)
+    fold = af if temperature == "rotated" else 1.0
+    qr = apply_rotary(q, cos * fold, sin * fold)
+    kr = apply_rotary(k, cos * fold, sin * fold)
+    logits = qr @ kr.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return logits * (af**2 if temperature == "logits" else 1.0)
+
+
+@pytest.mark.parametrize("temperature", ["logits", "rotated"])
+def test_yarn_temperature_with_partial_rotary(temperature):
+    rot = Rotary(8, 4, scaling=YARN, temperature=temperature)
+    q, k, v = qkv(b=1, hq=2, hkv=2)
+    logits = explicit_yarn_logits(q, k, rot, temperature)
+    logits = logits.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    expected = logits.softmax(-1) @ v  # rope: values untouched
+    torch.testing.assert_close(
+        attention(q, k, v, mode="rope", rotary=rot), expected, rtol=0, atol=1e-12
+    )
+    # the two placements differ with partial rotary, and agree with full rotary
+    other = Rotary(
+        8, 4, scaling=YARN, temperature="rotated" if temperature == "logits" else "logits"
+    )
+    assert (attention(q, k, v, rotary=rot) - attention(q, k, v, rotary=other)).abs().max() > 1e-3
+    full = [Rotary(8, scaling=YARN, temperature=t) for t in ("logits", "rotated")]
+    torch.testing.assert_close(
+        attention(q, k, v, rotary=full[0]), attention(q, k, v, rotary=full[1]), rtol=0, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("mode", ["rope", "rove"])
@@ -107,12 +190,17 @@ def test_gqa_equals_repeated_heads(mode):
 
 
 @pytest.mark.parametrize("mode", ["rope", "rove"])
-def test_packed_sequences_equal_separate_runs(mode):
+@pytest.mark.parametrize("ids", [[0, 0, 0, 0, 1, 1, 2, 2, 2], [0, 0, 0, 0, 1, 1, 0, 0, 0]])
+def test_packed_sequences_equal_separate_runs(mode, ids):
+    """Documents are maximal runs of equal ids, for the mask as for the positions: a reused id
+    (the second run of 0s) is a new document, not a continuation of the first."""
     q, k, v = qkv(b=1, tq=9, tk=9)
-    doc_ids = torch.tensor([[0, 0, 0, 0, 1, 1, 2, 2, 2]])
+    doc_ids = torch.tensor([ids])
     pos = positions_from_doc_ids(doc_ids)
     assert pos.tolist() == [[0, 1, 2, 3, 0, 1, 0, 1, 2]]
     packed = attention(q, k, v, mode=mode, doc_ids=doc_ids, q_positions=pos, k_positions=pos)
+    ref = reference_attention(q, k, v, mode=mode, doc_ids=doc_ids, q_positions=pos, k_positions=pos)
+    torch.testing.assert_close(packed, ref, rtol=0, atol=1e-10)
     for lo, hi in [(0, 4), (4, 6), (6, 9)]:
         sl = slice(lo, hi)
         alone = attention(q[:, :, sl], k[:, :, sl], v[:, :, sl], mode=mode)
@@ -185,6 +273,32 @@ class TestErrors:
             attention(q, k, v, q_positions=torch.arange(5))
         with pytest.raises(ValueError, match=r"rotary\.head_dim"):
             attention(q, k, v, rotary=Rotary(16))
+        with pytest.raises(ValueError, match="do not match batch size 2"):
+            attention(q, k, v, q_positions=torch.arange(6).expand(3, 6))
+        with pytest.raises(TypeError, match="integer tensor"):
+            attention(q, k, v, k_positions=torch.ones(6, dtype=torch.bool))
+
+    @pytest.mark.parametrize("mode", ["nope", "rove"])
+    def test_queries_without_keys(self, mode):
+        """No silent rows of zeros: causal Tq > Tk, and Tk = 0, are errors."""
+        q, k, v = qkv(tq=5, tk=3)
+        with pytest.raises(ValueError, match="more queries"):
+            attention(q, k, v, mode=mode)
+        attention(q, k, v, mode=mode, causal=False)  # every query sees every key: defined
+        q, k, v = qkv(tq=2, tk=0)
+        with pytest.raises(ValueError, match="at least one key"):
+            attention(q, k, v, mode=mode, causal=False)
+
+    def test_nope_ignores_a_rotary_temperature(self):
+        """The logit scale is a property of rope/rove; a YaRN rotary passed to nope changes nothing."""
+        q, k, v = qkv()
+        yarn = Rotary(8, scaling=YARN)
+        torch.testing.assert_close(
+            attention(q, k, v, mode="nope", rotary=yarn),
+            attention(q, k, v, mode="nope"),
+            rtol=0,
+            atol=0,
+        )
 
 
 # ---- the module, the KV cache and torch.compile ----
@@ -195,19 +309,70 @@ def layer(mode, **kw):
     return RoveAttention(16, 4, kw.pop("n_kv_head", 2), mode=mode, **kw).double()
 
 
-@pytest.mark.parametrize("mode", ["nope", "rope", "rove"])
+# (mode, rotary) of the layer (head dim 4); dynamic NTK's original context 4 is passed mid-decode
+LAYER_ROTARIES = [
+    ("nope", None),
+    ("rope", Rotary(4, 2)),
+    ("rove", Rotary(4, 2)),
+    ("rove", Rotary(4, 2, scaling=YARN)),
+    ("rope", Rotary(4, scaling={**DYNAMIC, "original_max_position": 4})),
+    ("rove", Rotary(4, scaling={**DYNAMIC, "original_max_position": 4})),
+]
+
+
+@pytest.mark.parametrize("mode, rotary", LAYER_ROTARIES)
 @pytest.mark.parametrize("shared_kv", [False, True])
-def test_decode_with_cache_equals_full_forward(mode, shared_kv):
-    m = layer(mode, shared_kv=shared_kv, rotary=None if mode == "nope" else Rotary(4, 2))
+def test_decode_with_cache_equals_full_forward(mode, rotary, shared_kv):
+    """Cached steps equal the full forward. Dynamic NTK (whose frequencies change between 4 and
+    7 tokens) decodes with its length pinned to the final one; unpinned, a cache is refused."""
+    m = layer(mode, shared_kv=shared_kv, rotary=rotary)
     x = torch.randn(2, 7, 16, **F64)
     full = m(x)
     cache = KVCache(1, 2, 2, 4, max_len=7, dtype=torch.float64)
+    if rotary is not None and rotary.dynamic:
+        with pytest.raises(ValueError, match="at_length"):
+            m(x[:, :3], cache=cache)
+        m.rotary = rotary.at_length(7)
     steps = [m(x[:, :3], cache=cache)]  # prefill 3 tokens
     cache.advance(3)
     for t in range(3, 7):
         steps.append(m(x[:, t : t + 1], cache=cache))
         cache.advance(1)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-12)
+
+
+def layer_by_attention(m, x, positions=None, doc_ids=None):
+    """The layer's output computed by ``rove.attention`` from the layer's own weights."""
+    bsz, seq, _ = x.shape
+    heads = m.qkv(x).view(bsz, seq, -1, m.head_dim).transpose(1, 2)  # (B, Hq + 2 Hkv, T, D)
+    q, k = heads[:, : m.n_head], heads[:, m.n_head : m.n_head + m.n_kv_head]
+    v = None if m.shared_kv else heads[:, m.n_head + m.n_kv_head :]
+    pos = torch.arange(seq) if positions is None else positions
+    y = attention(
+        q, k, v, mode=m.mode, rotary=m.rotary, q_positions=pos, k_positions=pos, doc_ids=doc_ids
+    )  # (B, Hq, T, D)
+    return m.proj(y.transpose(1, 2).reshape(bsz, seq, -1))
+
+
+YARN_LAYERS = [Rotary(4, 2, scaling=YARN, temperature=t) for t in ("logits", "rotated")]
+
+
+@pytest.mark.parametrize("mode, rotary", LAYER_ROTARIES[1:] + [("rope", r) for r in YARN_LAYERS])
+@pytest.mark.parametrize("positions", ["default", "far", "shared", "per-sequence"])
+def test_layer_equals_functional_attention(mode, rotary, positions):
+    """Same temperature (YaRN, both placements), dynamic-NTK length and broadcasting as
+    ``rove.attention``, at positions far past the original context and in every shape."""
+    m = layer(mode, rotary=rotary)
+    x = torch.randn(2, 6, 16, **F64)
+    pos = {
+        "default": None,
+        "far": 4096 + torch.arange(6),
+        "shared": (4096 + torch.arange(6))[None],  # (1, T) for B = 2
+        "per-sequence": torch.stack((torch.arange(6), 4096 + 3 * torch.arange(6))),
+    }[positions]
+    doc_ids = torch.tensor([[0, 0, 1, 1, 0, 0]] * 2) if positions == "default" else None
+    expected = layer_by_attention(m, x, pos, doc_ids)
+    torch.testing.assert_close(m(x, positions=pos, doc_ids=doc_ids), expected, rtol=0, atol=1e-12)
 
 
 def test_cache_holds_rotated_values():
@@ -239,6 +404,11 @@ def test_layer_is_attentive_convolution():
 
 
 def test_layer_errors():
+    m = layer("rove")
+    with pytest.raises(TypeError, match="create the KVCache with the layer's dtype"):
+        m(torch.randn(1, 2, 16, **F64), cache=KVCache(1, 1, 2, 4, 4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="do not match batch size 2"):
+        m(torch.randn(2, 3, 16, **F64), positions=torch.zeros(3, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="multiple of n_kv_head"):
         RoveAttention(16, 4, 3)
     with pytest.raises(ValueError, match="not divisible"):

@@ -226,20 +226,46 @@ def test_dispatchers_route_to_triton():
         assert_close(a, r, torch.float32)
 
 
-def test_attention_layer_matches_torch_path():
-    """A whole RoVE layer (GQA, partial rotary): same output and gradients on either backend."""
+@pytest.mark.parametrize("positions", ["default", "shared", "per-sequence"])
+def test_attention_layer_matches_torch_path(positions):
+    """A whole RoVE layer (GQA, partial rotary): same output and gradients on either backend,
+    with one broadcasting rule for positions: (T,), (1, T) for B > 1, or (B, T)."""
+    from rove import attention
     from rove.layer import RoveAttention
 
     torch.manual_seed(0)
     layer = RoveAttention(H * D, H, 2, mode="rove", rotary=Rotary(D, 8)).to(DEVICE)
     x = randn(B, T, H * D).requires_grad_()
+    pos = {
+        "default": None,
+        "shared": (5 + torch.arange(T, device=DEVICE))[None],  # (1, T)
+        "per-sequence": torch.tensor([[3], [70000]], device=DEVICE)
+        + torch.arange(T, device=DEVICE),
+    }[positions]
+    q = randn(B, H, T, D)
     results = []
     for backend in ("triton", "torch"):
         with use_backend(backend):
-            y = layer(x)
-        results.append((y, *torch.autograd.grad(y.square().sum(), (x, layer.qkv.weight))))
+            y = layer(x, positions=pos)
+            a = attention(q, q, q, rotary=layer.rotary, q_positions=pos, k_positions=pos)
+        grads = torch.autograd.grad(y.square().sum(), (x, layer.qkv.weight))
+        results.append((y, a, *grads))
     for a, r in zip(*results, strict=True):
         torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
+
+
+def test_positions_that_do_not_broadcast_fail_clearly_on_triton():
+    from rove.layer import RoveAttention
+
+    layer = RoveAttention(H * D, H, mode="rove", rotary=Rotary(D)).to(DEVICE)
+    cos, sin = tables(D, per_batch=True)  # (2, T, r/2)
+    with use_backend("triton"):
+        with pytest.raises(ValueError, match="do not match batch size 2"):
+            layer(randn(2, T, H * D), positions=torch.zeros(3, T, dtype=torch.long, device=DEVICE))
+        with pytest.raises(ValueError, match="do not fit the input"):
+            rotate(randn(H, T, D), cos, sin)  # (H, T, D) with per-sequence tables
+        with pytest.raises(ValueError, match="do not fit the input"):
+            rotate(randn(3, H, T, D), cos, sin)
 
 
 def test_float64_falls_back_to_torch():

@@ -8,41 +8,121 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rove import attention
 from rove.model import GPT, GPTConfig, get_preset
 
 POS = ["learned", "nope", "rope", "rove"]
 
 
-def nano(**kw) -> GPT:
-    torch.manual_seed(0)
-    return GPT(get_preset("nano", vocab_size=64, **kw)).eval()
+def nano(seed: int = 0, sharp: bool = False, **kw) -> GPT:
+    """A nano model; ``sharp`` scales its matrices by 10 so that attention, not the token
+    embedding, decides the next token (at GPT-2 init a greedy choice barely depends on
+    attention, which hides cache and position bugs)."""
+    torch.manual_seed(seed)
+    m = GPT(get_preset("nano", vocab_size=64, **kw)).eval()
+    if sharp:
+        with torch.no_grad():
+            for p in m.parameters():
+                if p.ndim == 2:
+                    p.mul_(10)
+    return m
 
 
-@pytest.mark.parametrize("pos", POS)
-@pytest.mark.parametrize("variant", [{}, {"shared_kv": True, "n_kv_head": 1}, {"rotary_dim": 8}])
-def test_cached_generation_equals_uncached(pos, variant):
-    if pos in ("learned", "nope") and "rotary_dim" in variant:
-        pytest.skip("no rotary")
-    m = nano(pos=pos, **variant)
-    idx = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(1))
-    assert torch.equal(m.generate(idx, 12), m.generate(idx, 12, use_cache=False))
-    g1, g2 = (torch.Generator().manual_seed(7) for _ in range(2))
-    a = m.generate(idx, 12, temperature=0.8, top_k=5, generator=g1)
-    b = m.generate(idx, 12, temperature=0.8, top_k=5, generator=g2, use_cache=False)
+def attention_forward(m: GPT, idx: torch.Tensor, positions: torch.Tensor | None = None):
+    """The model's logits with every attention layer computed by ``rove.attention`` from the
+    layer's weights: what the layer, the model and generation must agree with (temperature,
+    dynamic-NTK length)."""
+    bsz, seq = idx.shape
+    pos = torch.arange(seq) if positions is None else positions
+    x = m.wte(idx)
+    for block in m.blocks:
+        a = block.attn
+        heads = a.qkv(block.ln_1(x)).view(bsz, seq, -1, a.head_dim).transpose(1, 2)
+        q, k = heads[:, : a.n_head], heads[:, a.n_head : a.n_head + a.n_kv_head]
+        v = None if a.shared_kv else heads[:, a.n_head + a.n_kv_head :]
+        y = attention(q, k, v, mode=a.mode, rotary=a.rotary, q_positions=pos, k_positions=pos)
+        x = x + a.proj(y.transpose(1, 2).reshape(bsz, seq, -1))  # (B, T, C)
+        x = x + block.mlp(block.ln_2(x))
+    return m.lm_head(m.ln_f(x))
+
+
+# inference-time schedules (factor 4, relative to block_size 32): generation runs past 32
+SCALINGS = [None, "dynamic-ntk", "yarn"]
+
+
+VARIANTS = [{}, {"shared_kv": True, "n_kv_head": 1}, {"rotary_dim": 8}]
+GENERATION_CASES = [
+    (pos, variant, scaling)
+    for pos in POS
+    for variant in VARIANTS
+    for scaling in SCALINGS
+    if pos in ("rope", "rove") or ("rotary_dim" not in variant and scaling is None)
+]
+
+
+@pytest.mark.parametrize(
+    "pos, variant, scaling",
+    GENERATION_CASES,
+    ids=[f"{p}-{'-'.join(v) or 'mha'}-{s}" for p, v, s in GENERATION_CASES],
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cached_generation_equals_uncached(pos, variant, scaling, seed):
+    rotary = pos in ("rope", "rove")
+    m = nano(seed, sharp=True, pos=pos, **variant)
+    n_new = 20 if rotary else 12  # learned positions stop at block_size 32
+    idx = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(1))
+    with m.rope_scaling(scaling, 4.0):
+        assert torch.equal(m.generate(idx, n_new), m.generate(idx, n_new, use_cache=False))
+        g1, g2 = (torch.Generator().manual_seed(7) for _ in range(2))
+        a = m.generate(idx, n_new, temperature=0.8, top_k=5, generator=g1)
+        b = m.generate(idx, n_new, temperature=0.8, top_k=5, generator=g2, use_cache=False)
     assert torch.equal(a, b)
 
 
-def test_cached_logits_equal_full_forward_float64():
+@pytest.mark.parametrize("scaling", SCALINGS)
+@pytest.mark.parametrize("temperature", ["logits", "rotated"])
+@pytest.mark.parametrize("seed", range(3))
+def test_cached_logits_equal_full_forward_float64(scaling, temperature, seed):
+    """Incremental logits equal the full forward, and the model and generation equal the layers
+    computed by ``rove.attention``: the same YaRN temperature and dynamic-NTK length everywhere
+    (partial rotary, so the two temperature placements differ). Dynamic NTK decodes with its
+    length pinned to the final one, as ``generate`` does."""
     from rove.kv_cache import KVCache
 
-    m = nano(pos="rove").double()
-    idx = torch.randint(0, 64, (1, 9))
-    full = m(idx)
-    cache = KVCache(2, 1, 2, 16, 9, dtype=torch.float64)
-    steps = [m.lm_head(m.hidden(idx[:, :4], cache=cache))]
-    for t in range(4, 9):
-        steps.append(m.lm_head(m.hidden(idx[:, t : t + 1], cache=cache)))
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-10)
+    torch.manual_seed(seed)
+    m = GPT(get_preset("nano", vocab_size=64, pos="rove", rotary_dim=8)).eval().double()
+    idx = torch.randint(0, 64, (2, 40))
+    with torch.no_grad(), m.rope_scaling(scaling, 4.0, temperature=temperature):
+        full = m(idx)  # dynamic NTK: length max(position) + 1 = 40
+        torch.testing.assert_close(full, attention_forward(m, idx), rtol=0, atol=1e-10)
+        far = 5000 + torch.arange(40)  # positions far past the original context
+        expected = attention_forward(m, idx, far)
+        torch.testing.assert_close(m(idx, positions=far), expected, rtol=0, atol=1e-10)
+        greedy = idx[:, :30]
+        for _ in range(10):
+            nxt = attention_forward(m, greedy)[:, -1].argmax(-1, keepdim=True)
+            greedy = torch.cat((greedy, nxt), 1)
+        if scaling != "dynamic-ntk":  # else generate pins the length, checked below
+            assert torch.equal(m.generate(idx[:, :30], 10), greedy)
+    with torch.no_grad(), m.rope_scaling(scaling, 4.0, temperature=temperature, length=40):
+        cache = KVCache(2, 2, 2, 16, 40, dtype=torch.float64)
+        steps = [m.lm_head(m.hidden(idx[:, :30], cache=cache))]
+        steps += [m.lm_head(m.hidden(idx[:, t : t + 1], cache=cache)) for t in range(30, 40)]
+        torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-10)
+        greedy = idx[:, :30]
+        for _ in range(10):
+            nxt = m(greedy)[:, -1].argmax(-1, keepdim=True)
+            greedy = torch.cat((greedy, nxt), 1)
+    with m.rope_scaling(scaling, 4.0, temperature=temperature):
+        assert torch.equal(m.generate(idx[:, :30], 10), greedy)
+
+
+def test_unpinned_dynamic_ntk_refuses_a_cache():
+    from rove.kv_cache import KVCache
+
+    m = nano(pos="rove")
+    with m.rope_scaling("dynamic-ntk", 4.0), pytest.raises(ValueError, match="at_length"):
+        m.hidden(torch.zeros(1, 3, dtype=torch.long), cache=KVCache(2, 1, 2, 16, 4))
 
 
 def test_token_nll_matches_loss():
@@ -75,6 +155,21 @@ def test_rope_scaling_context():
     torch.testing.assert_close(m(idx), base, rtol=0, atol=0)  # restored
     with pytest.raises(ValueError, match="unknown rope scaling"), m.rope_scaling("xpos", 2.0):
         pass
+    with m.rope_scaling("yarn", 2.0, temperature="rotated"):
+        assert all(b.attn.rotary.temperature == "rotated" for b in m.blocks)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"top_k": 0, "temperature": 1.0}, ValueError, "top_k must be >= 1"),
+        ({"top_k": 2.5, "temperature": 1.0}, TypeError, "top_k must be an int"),
+        ({"temperature": float("nan")}, ValueError, "temperature must be finite"),
+    ],
+)
+def test_generate_rejects_bad_sampling(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        nano(pos="rove").generate(torch.zeros(1, 3, dtype=torch.long), 2, **kwargs)
 
 
 def test_rove_and_rope_have_identical_parameters():

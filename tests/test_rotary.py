@@ -28,6 +28,9 @@ def np_base(dim: int, base: float) -> np.ndarray:
     return np.array([base ** (-(2 * m) / dim) for m in range(dim // 2)])
 
 
+YARN4 = {"type": "yarn", "factor": 4.0, "original_max_position": 64}
+
+
 class TestSchedules:
     def test_default(self):
         f = rotary_frequencies(64, 10000.0)
@@ -104,11 +107,62 @@ class TestSchedules:
             ({"type": "linear", "factor": 2, "beta": 1}, ValueError, "unknown parameter"),
             ({"type": "linear", "factor": "2"}, TypeError, "must be a number"),
             ({"type": "linear", "factor": 0.5}, ValueError, "factor must be >= 1"),
+            ({"type": "yarn", "factor": 2, "original_max_position": 0}, ValueError, "> 0"),
+            ({"type": "dynamic-ntk", "factor": 2, "original_max_position": -8}, ValueError, "> 0"),
+            ({**YARN4, "beta_fast": 0.0}, ValueError, "'beta_fast' must be > 0"),
+            ({**YARN4, "mscale": 0, "mscale_all_dim": 1.0}, ValueError, "HF treats 0 as absent"),
+            ({**YARN4, "mscale": 1.0, "mscale_all_dim": 0.0}, ValueError, "HF treats 0 as absent"),
+            ({**YARN4, "attention_factor": -1.0}, ValueError, "must be > 0"),
         ],
     )
     def test_bad_scaling(self, scaling, error, match):
         with pytest.raises(error, match=match):
             Rotary(64, scaling=scaling)
+
+    @settings(max_examples=40, deadline=None)
+    @given(
+        scaling=st.sampled_from(
+            [
+                {"type": "linear", "factor": 2.0},
+                {"type": "ntk", "factor": 2.0},
+                {"type": "dynamic-ntk", "factor": 2.0, "original_max_position": 64},
+                {**YARN4, "mscale": 1.0, "mscale_all_dim": 1.0, "attention_factor": 1.1},
+            ]
+        ),
+        bad=st.sampled_from([math.nan, math.inf, -math.inf]),
+        data=st.data(),
+    )
+    def test_non_finite_parameters_are_refused(self, scaling, bad, data):
+        """Any NaN / inf parameter or base fails at construction, never as NaN outputs."""
+        name = data.draw(st.sampled_from([*sorted(set(scaling) - {"type"}), "base"]))
+        with pytest.raises(ValueError, match="finite"):
+            if name == "base":
+                Rotary(64, base=bad, scaling=scaling)
+            else:
+                Rotary(64, scaling={**scaling, name: bad})
+
+    @pytest.mark.parametrize("kind", ["ntk", "dynamic-ntk"])
+    def test_ntk_needs_four_rotated_channels(self, kind):
+        scaling = {"type": kind, "factor": 2.0}
+        if kind == "dynamic-ntk":
+            scaling["original_max_position"] = 8
+        with pytest.raises(ValueError, match="rotary_dim >= 4"):
+            Rotary(8, 2, scaling=scaling)
+        assert Rotary(8, 4, scaling=scaling).rotary_dim == 4
+
+    def test_dynamic_ntk_length_is_max_position_plus_one(self):
+        """One rule for every path: tables, rotate and an explicit pin agree at positions 4096..."""
+        r = Rotary(16, scaling={"type": "dynamic-ntk", "factor": 4.0, "original_max_position": 64})
+        pos = 4096 + torch.arange(8)
+        assert r.dynamic_length(pos) == 4104 and r.dynamic_length(pos[:3], pos) == 4104
+        x = torch.randn(1, 2, 8, 16, dtype=torch.float64)
+        pinned = r.at_length(4104)
+        assert not pinned.dynamic and pinned.dynamic_length(pos) is None
+        torch.testing.assert_close(r.rotate(x, pos), pinned.rotate(x, pos), rtol=0, atol=0)
+        torch.testing.assert_close(r.rotate(x, offset=4096), r.rotate(x, pos), rtol=0, atol=0)
+        cos, _ = r.tables(pos, torch.float64)
+        torch.testing.assert_close(cos, pinned.tables(pos, torch.float64)[0], rtol=0, atol=0)
+        assert Rotary(16).at_length(5) is not None and not Rotary(16).at_length(5).dynamic
 
 
 class TestRotaryValidation:
@@ -133,6 +187,26 @@ class TestRotaryValidation:
             r.rotate(x, torch.arange(4))
         with pytest.raises(TypeError, match="integer"):
             r.rotate(x, torch.arange(5.0))
+        with pytest.raises(TypeError, match="integer"):
+            r.rotate(x, torch.ones(5, dtype=torch.bool))
+        with pytest.raises(TypeError, match="floating-point"):
+            r.rotate(torch.ones(1, 2, 5, 8, dtype=torch.long))
+        with pytest.raises(ValueError, match=r"\(T, D\), \(H, T, D\) or \(B, H, T, D\)"):
+            r.rotate(torch.randn(8))
+        with pytest.raises(ValueError, match="unknown temperature"):
+            Rotary(8, temperature="hf")
+
+    def test_one_broadcasting_rule(self):
+        """Positions (T,) or (1 or B, T) for a (B, H, T, D) input; anything else is an error."""
+        r = Rotary(8)
+        x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+        pos = torch.arange(5) + 7
+        torch.testing.assert_close(r.rotate(x, pos[None]), r.rotate(x, pos), rtol=0, atol=0)
+        torch.testing.assert_close(r.rotate(x, pos.expand(2, 5)), r.rotate(x, pos), rtol=0, atol=0)
+        with pytest.raises(ValueError, match="do not match batch size 2"):
+            r.rotate(x, pos.expand(3, 5))
+        with pytest.raises(ValueError, match="need x of shape"):
+            r.rotate(x[0], pos.expand(2, 5))  # (H, T, D): would rotate per head
 
 
 @pytest.mark.parametrize("convention", ["half", "interleaved"])

@@ -12,8 +12,11 @@ Notable features:
 - Shared KV (DeepSeek-V4 style): pass ``v=None`` and the keys serve as values; with partial
   rotary, RoVE then inverse-rotates exactly the rotated channels of the output.
 - Packed sequences: ``doc_ids`` forbid attention across documents; give per-document positions
-  (``positions_from_doc_ids``) so each document starts at position 0.
-- The YaRN temperature multiplies the logits (through SDPA's ``scale``), never the V/O tables.
+  (``positions_from_doc_ids``) so each document starts at position 0. A document is a maximal
+  run of equal ids, for the mask as for the positions: ``[0, 0, 1, 1, 0, 0]`` is three documents.
+- The YaRN temperature multiplies the logits (through SDPA's ``scale``), or with
+  ``Rotary(temperature="rotated")`` only the rotated channels' share (HF); never the V/O tables.
+- Dynamic NTK's length is ``max(position) + 1`` over queries and keys (``Rotary.dynamic_length``).
 
 The three stages (``rotate_inputs``, ``attend``, ``rotate_output``) are public so that a layer
 with a KV cache can store rotated keys *and rotated values* between them.
@@ -36,6 +39,8 @@ __all__ = [
     "attend",
     "attention",
     "document_mask",
+    "document_runs",
+    "logit_temperature",
     "positions_from_doc_ids",
     "rotate_inputs",
     "rotate_output",
@@ -82,19 +87,36 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None
         )
 
 
+def _run_starts(doc_ids: torch.Tensor) -> torch.Tensor:
+    """True where a document (a maximal run of equal ids in ``doc_ids`` ``(B, T)``) starts."""
+    if not isinstance(doc_ids, torch.Tensor):
+        raise TypeError(f"doc_ids must be a torch.Tensor, got {type(doc_ids).__name__}")
+    if doc_ids.ndim != 2:
+        raise ValueError(f"doc_ids must have shape (batch, seq), got {tuple(doc_ids.shape)}")
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    return starts
+
+
 def positions_from_doc_ids(doc_ids: torch.Tensor) -> torch.Tensor:
     """Positions that restart at 0 at every document boundary of ``doc_ids`` ``(B, T)``.
 
     Documents are maximal runs of equal ids along the sequence.
     """
-    if doc_ids.ndim != 2:
-        raise ValueError(f"doc_ids must have shape (batch, seq), got {tuple(doc_ids.shape)}")
-    seq = doc_ids.shape[1]
-    idx = torch.arange(seq, device=doc_ids.device).expand_as(doc_ids)
-    starts = torch.ones_like(doc_ids, dtype=torch.bool)
-    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    starts = _run_starts(doc_ids)
+    idx = torch.arange(doc_ids.shape[1], device=doc_ids.device).expand_as(doc_ids)
     start_idx = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
     return idx - start_idx
+
+
+def document_runs(doc_ids: torch.Tensor) -> torch.Tensor:
+    """Number each maximal run of equal ids ``(B, T)``: ``[0, 0, 1, 1, 0, 0] -> [0, 0, 1, 1, 2, 2]``.
+
+    The attention mask joins tokens of one run only, so a reused id starts a new document, as
+    it restarts the positions of ``positions_from_doc_ids`` (else token 4 would see token 0
+    under a colliding position).
+    """
+    return _run_starts(doc_ids).cumsum(dim=1)
 
 
 def document_mask(
@@ -120,8 +142,28 @@ def document_mask(
     return mask
 
 
-def _tables(rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype, seq_len: int) -> Tables:
+def _tables(
+    rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype, seq_len: int | None
+) -> Tables:
     return rotary.tables(positions, table_dtype(dtype), seq_len=seq_len)
+
+
+def logit_temperature(
+    q: torch.Tensor, rotary: Rotary | None, mode: Mode
+) -> tuple[torch.Tensor, float]:
+    """The queries and softmax scale that apply the schedule's logit scale (YaRN temperature).
+
+    ``rotary.temperature == "logits"``: every logit, through the scale. ``"rotated"``: the
+    rotated channels of ``q`` ``(B, H, T, D)`` are scaled instead, so only their share of
+    ``q.k`` is (HF's convention). No temperature in ``nope`` mode, nor on V or O.
+    """
+    scale = 1 / math.sqrt(q.shape[-1])
+    if mode == "nope" or rotary is None or rotary.logit_scale == 1.0:
+        return q, scale
+    if rotary.temperature == "logits" or rotary.rotary_dim == q.shape[-1]:
+        return q, scale * rotary.logit_scale
+    r = rotary.rotary_dim
+    return torch.cat((q[..., :r] * rotary.logit_scale, q[..., r:]), dim=-1), scale
 
 
 def rotate_inputs(
@@ -141,7 +183,7 @@ def rotate_inputs(
     """
     if mode == "nope":
         return q, k, k if v is None else v, None
-    seq_len = max(q.shape[2], k.shape[2])
+    seq_len = rotary.dynamic_length(q_positions, k_positions)  # None unless dynamic NTK
     q_tab = _tables(rotary, q_positions, q.dtype, seq_len)
     k_tab = q_tab if k_positions is q_positions else _tables(rotary, k_positions, k.dtype, seq_len)
     conv = rotary.convention
@@ -165,9 +207,17 @@ def attend(
 ) -> torch.Tensor:
     """Stage 2: plain SDPA on already-rotated tensors ``(B, H, T, D)``, GQA included.
 
-    With ``mask=None`` and ``causal``, the mask is the bottom-right aligned causal one.
+    With ``mask=None`` and ``causal``, the mask is the bottom-right aligned causal one. A query
+    that could see no key is an error rather than a silent row of zeros.
     """
     q_len, k_len = q.shape[2], k.shape[2]
+    if k_len == 0 and q_len:
+        raise ValueError(f"attention needs at least one key; got Tk = 0 for Tq = {q_len}")
+    if causal and q_len > k_len:
+        raise ValueError(
+            f"causal attention with more queries (Tq = {q_len}) than keys (Tk = {k_len}): the "
+            f"last query lines up with the last key, so the first {q_len - k_len} see no key"
+        )
     gqa = q.shape[1] != k.shape[1]
     if mask is None and causal and q_len != k_len and q_len > 1:
         mask = document_mask(None, None, q_len, k_len, True, q.device)
@@ -204,14 +254,17 @@ def attention(
         k: ``(B, Hkv, Tk, D)`` keys; ``Hq`` must be a multiple of ``Hkv`` (GQA / MQA).
         v: ``(B, Hkv, Tk, D)`` values, or ``None`` for shared KV (the keys serve as values).
         mode: ``"nope"``, ``"rope"`` (rotate q, k) or ``"rove"`` (also v, and the output back).
-        causal: causal mask; with ``Tq < Tk`` the last query lines up with the last key.
+        causal: causal mask; with ``Tq < Tk`` the last query lines up with the last key
+            (``Tq > Tk`` is an error).
         rotary: the rotary spec; default ``Rotary(D)`` (all channels, base 10000, half-split).
-        q_positions: ``(Tq,)`` or ``(B, Tq)`` integer positions; default ``Tk - Tq .. Tk - 1``.
-        k_positions: ``(Tk,)`` or ``(B, Tk)``; default ``0 .. Tk - 1``.
+        q_positions: ``(Tq,)``, ``(1, Tq)`` or ``(B, Tq)`` integer positions; default
+            ``Tk - Tq .. Tk - 1``.
+        k_positions: ``(Tk,)``, ``(1, Tk)`` or ``(B, Tk)``; default ``0 .. Tk - 1``.
         doc_ids: ``(B, T)`` document ids of packed sequences (needs ``Tq == Tk``); no attention
-            across documents. Pair with ``positions_from_doc_ids``.
-        scale: softmax scale; default ``1/sqrt(D)`` times the rotary schedule's logit scale
-            (YaRN temperature) in rope/rove modes.
+            across documents (maximal runs of equal ids). Pair with ``positions_from_doc_ids``.
+        scale: softmax scale; default ``1/sqrt(D)`` with the rotary schedule's logit scale
+            (YaRN temperature, see ``logit_temperature``) in rope/rove modes. An explicit
+            ``scale`` replaces both.
     Returns:
         ``(B, Hq, Tq, D)``, in the query's frame under RoVE.
     """
@@ -229,8 +282,8 @@ def attention(
     if k_positions is None:
         k_positions = q_positions if k_len == q_len else torch.arange(k_len, device=q.device)
     check = rotary.check_positions if rotary is not None else check_positions
-    check(q_positions, q_len, "q_positions")
-    check(k_positions, k_len, "k_positions")
+    check(q_positions, q_len, "q_positions", batch=q.shape[0])
+    check(k_positions, k_len, "k_positions", batch=q.shape[0])
     mask = None
     if doc_ids is not None:
         if doc_ids.shape != (q.shape[0], k_len) or q_len != k_len:
@@ -238,12 +291,13 @@ def attention(
                 f"doc_ids must have shape (batch, seq) = {(q.shape[0], k_len)} with Tq == Tk, "
                 f"got {tuple(doc_ids.shape)} for Tq={q_len}"
             )
-        mask = document_mask(doc_ids, doc_ids, q_len, k_len, causal, q.device)
-    if scale is None:
-        scale = 1 / math.sqrt(head_dim) * (rotary.logit_scale if rotary is not None else 1.0)
+        runs = document_runs(doc_ids)
+        mask = document_mask(runs, runs, q_len, k_len, causal, q.device)
     q, k, v, q_tab = rotate_inputs(
         q, k, v, mode=mode, rotary=rotary, q_positions=q_positions, k_positions=k_positions
     )
+    if scale is None:
+        q, scale = logit_temperature(q, rotary, mode)
     out = attend(q, k, v, causal=causal, scale=scale, mask=mask)
     return rotate_output(out, q_tab, rotary)
 

@@ -4,6 +4,12 @@ Under RoVE a cached value must already carry its key's rotation ``R_j``: at deco
 layer attends over the cached ``R_j v_j`` and applies ``R_(-i)`` to the output, so nothing in the
 cache is ever rotated twice. Keys are cached rotated, as for RoPE.
 
+Dynamic NTK's frequencies follow the length, so an entry rotated at an earlier step would carry
+stale frequencies, and in a deep model even the *content* of earlier keys depends on the final
+length: no cache can follow a length that grows. A cache therefore needs the length pinned
+(``Rotary.at_length``; ``GPT.generate`` pins prompt + new tokens), and layers refuse a cache
+with an unpinned dynamic schedule.
+
 Layout: ``k`` and ``v`` are ``(n_layer, B, Hkv, max_len, D)``; the first ``length`` positions are
 filled for every layer. Layers write their new entries with ``update``; the engine (the model),
 not the last layer, calls ``advance`` once every layer has run.
@@ -46,6 +52,12 @@ class KVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``(B, Hkv, T, D)`` entries at ``[length, length + T)``; return all filled ones."""
         _, bsz, n_kv, cap, dim = self.k.shape
+        for name, t in (("k", k_new), ("v", v_new)):
+            if t.dtype != self.k.dtype or t.device != self.k.device:
+                raise TypeError(
+                    f"the cache holds {self.k.dtype} on {self.k.device} but {name} is {t.dtype} "
+                    f"on {t.device}: create the KVCache with the layer's dtype and device"
+                )
         start, end = self.length, self.length + k_new.shape[2]
         if end > cap:
             raise ValueError(

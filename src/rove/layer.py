@@ -7,12 +7,17 @@ fused with the transpose back), and attention itself is ``torch`` SDPA.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 
-from rove.functional import Mode, attend, check_mode, document_mask
+from rove.functional import (
+    Mode,
+    attend,
+    check_mode,
+    document_mask,
+    document_runs,
+    logit_temperature,
+)
 from rove.kernels import split_rotate_qkv, unrotate_output
 from rove.kernels.torch_rotary import heads_view
 from rove.kv_cache import KVCache
@@ -100,31 +105,38 @@ class RoveAttention(nn.Module):
         """``x`` ``(B, T, C)`` -> ``(B, T, C)``.
 
         Arguments:
-            positions: ``(T,)`` or ``(B, T)``; default ``cache.length + arange(T)``.
+            positions: ``(T,)``, ``(1, T)`` or ``(B, T)``; default ``cache.length + arange(T)``.
             doc_ids: ``(B, T)`` document ids of packed sequences (not with a cache).
             tables: precomputed ``(cos, sin)`` at ``positions`` (skips recomputing them).
-            cache: KV cache to read and extend (its ``length`` is advanced by the caller).
+            cache: KV cache to read and extend (its ``length`` is advanced by the caller); a
+                dynamic-NTK rotary must be pinned (``Rotary.at_length``) to use one.
             layer_idx: this layer's slot in the cache.
         """
         if x.ndim != 3:
             raise ValueError(f"x must have shape (batch, seq, d_model), got {tuple(x.shape)}")
         bsz, seq, _ = x.shape
         offset = cache.length if cache is not None else 0
+        length = None  # max(position) + 1 for dynamic NTK: known without a sync by default
         if positions is None:
             positions = torch.arange(offset, offset + seq, device=x.device)
+            length = offset + seq
         elif self.rotary is not None:
-            self.rotary.check_positions(positions, seq)
+            self.rotary.check_positions(positions, seq, batch=bsz)
         else:
-            check_positions(positions, seq)
+            check_positions(positions, seq, batch=bsz)
+        if cache is not None and self.rotary is not None and self.rotary.dynamic:
+            raise ValueError(
+                "dynamic NTK's frequencies follow the total length, which a KV cache cannot "
+                "follow (cached keys, and in a deep model their content, depend on it): pin the "
+                "length with Rotary.at_length(...) (GPT.generate pins prompt + new tokens)"
+            )
         qkv = self.qkv(x)  # (B, T, (Hq + 2 Hkv) D)
         if self.mode == "nope":
             q, k, v = split_heads(qkv, self.n_head, self.n_kv_head, self.shared_kv)
-            scale = 1 / math.sqrt(self.head_dim)
         else:
             assert self.rotary is not None
             if tables is None:
-                dtype = table_dtype(x.dtype)
-                tables = self.rotary.tables(positions, dtype, seq_len=offset + seq)
+                tables = self.rotary.tables(positions, table_dtype(x.dtype), seq_len=length)
             q, k, v = split_rotate_qkv(
                 qkv,
                 *tables,
@@ -134,7 +146,7 @@ class RoveAttention(nn.Module):
                 shared_kv=self.shared_kv,
                 convention=self.rotary.convention,
             )
-            scale = self.rotary.logit_scale / math.sqrt(self.head_dim)
+        q, scale = logit_temperature(q, self.rotary, self.mode)
         mask = None
         if doc_ids is not None:
             if cache is not None:
@@ -143,7 +155,8 @@ class RoveAttention(nn.Module):
                 raise ValueError(
                     f"doc_ids must have shape {(bsz, seq)}, got {tuple(doc_ids.shape)}"
                 )
-            mask = document_mask(doc_ids, doc_ids, seq, seq, self.causal, x.device)
+            runs = document_runs(doc_ids)
+            mask = document_mask(runs, runs, seq, seq, self.causal, x.device)
         if cache is not None:
             k, v = cache.update(layer_idx, k, v)
         out = attend(q, k, v, causal=self.causal, scale=scale, mask=mask)  # (B, Hq, T, D)

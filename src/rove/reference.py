@@ -70,6 +70,35 @@ def _relative_rotations(
     return rot, (rot if mode == "rove" else eye)
 
 
+def _logit_weights(rotary: Rotary | None, mode: str, dim: int) -> tuple[torch.Tensor, float]:
+    """``(w, scale)`` with logits ``scale * (w * q)^T R k``: where the YaRN temperature goes.
+
+    ``"logits"``: all of ``q.k`` (through ``scale``); ``"rotated"``: the rotated channels only
+    (HF folds the factor into cos/sin). No temperature without rotation (``nope``).
+    """
+    w = torch.ones(dim, dtype=torch.float64)
+    if mode == "nope" or rotary is None:
+        return w, 1 / math.sqrt(dim)
+    if rotary.temperature == "rotated":
+        w[: rotary.rotary_dim] = rotary.logit_scale
+        return w, 1 / math.sqrt(dim)
+    return w, rotary.logit_scale / math.sqrt(dim)
+
+
+def _top(*positions: torch.Tensor) -> int:
+    """``max(position) + 1`` over all positions: the length that drives dynamic NTK."""
+    return max((int(p.max()) + 1 for p in positions if p.numel()), default=0)
+
+
+def _runs(ids: torch.Tensor) -> list[int]:
+    """Number the maximal runs of equal ids: a reused id starts a new document."""
+    runs, run = [], 0
+    for t in range(len(ids)):
+        run += int(t > 0 and ids[t] != ids[t - 1])
+        runs.append(run)
+    return runs
+
+
 def reference_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -94,7 +123,9 @@ def reference_attention(
     if mode != "nope" and rotary is None:
         rotary = Rotary(dim)
     if scale is None:
-        scale = 1 / math.sqrt(dim) * (rotary.logit_scale if rotary is not None else 1.0)
+        weight, scale = _logit_weights(rotary, mode, dim)
+    else:
+        weight = torch.ones(dim, dtype=torch.float64)
     q_pos = torch.arange(k_len - q_len, k_len) if q_positions is None else q_positions.cpu()
     k_pos = (
         (q_pos if k_len == q_len else torch.arange(k_len))
@@ -104,19 +135,21 @@ def reference_attention(
     q, k, v = (t.detach().cpu().to(torch.float64) for t in (q, k, v))
     out = torch.zeros(bsz, n_q, q_len, dim, dtype=torch.float64)
     for b in range(bsz):
-        qp = q_pos[b] if q_pos.ndim == 2 else q_pos
-        kp = k_pos[b] if k_pos.ndim == 2 else k_pos
-        score_rot, value_rot = _relative_rotations(rotary, mode, qp, kp, dim, max(q_len, k_len))
+        qp = q_pos[b % q_pos.shape[0]] if q_pos.ndim == 2 else q_pos  # (1, T) broadcasts
+        kp = k_pos[b % k_pos.shape[0]] if k_pos.ndim == 2 else k_pos
+        seq_len = _top(q_pos, k_pos)
+        score_rot, value_rot = _relative_rotations(rotary, mode, qp, kp, dim, seq_len)
         allowed = torch.ones(q_len, k_len, dtype=torch.bool)
         if causal:
             allowed &= torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None]
         if doc_ids is not None:
-            allowed &= doc_ids[b].cpu()[:, None] == doc_ids[b].cpu()[None, :]
+            runs = torch.tensor(_runs(doc_ids[b].cpu()))
+            allowed &= runs[:, None] == runs[None, :]
         for h in range(n_q):
             g = h // (n_q // n_kv)  # the KV head this query head reads (GQA)
             kk, vv = k[b, g], v[b, g]  # (Tk, D)
             # scores[i, j] = q_i^T R_(p_j - p_i) k_j
-            scores = scale * torch.einsum("id,ijde,je->ij", q[b, h], score_rot, kk)
+            scores = scale * torch.einsum("id,ijde,je->ij", weight * q[b, h], score_rot, kk)
             weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
             out[b, h] = torch.einsum("ij,ijde,je->id", weights, value_rot, vv)
     return out
@@ -156,7 +189,7 @@ def mixer_matrix(
     dim = w_v.shape[1]
     q_pos = torch.arange(k_len - q_len, k_len) if q_positions is None else q_positions
     k_pos = torch.arange(k_len) if k_positions is None else k_positions
-    _, value_rot = _relative_rotations(rotary, mode, q_pos, k_pos, dim, max(q_len, k_len))
+    _, value_rot = _relative_rotations(rotary, mode, q_pos, k_pos, dim, _top(q_pos, k_pos))
     blocks = torch.einsum(
         "hij,hod,ijde,hen->iojn", weights.double(), w_o.double(), value_rot, w_v.double()
     )  # (Tq, d_out, Tk, d_in)
@@ -191,9 +224,9 @@ def attentive_convolution(
     pos = torch.arange(seq) if positions is None else positions
     if mode != "nope" and rotary is None:
         rotary = Rotary(dim)
-    scale = 1 / math.sqrt(dim) * (rotary.logit_scale if rotary is not None else 1.0)
-    score_rot, value_rot = _relative_rotations(rotary, mode, pos, pos, dim, seq)
-    scores = scale * torch.einsum("hid,ijde,hje->hij", q[0], score_rot, k[0])
+    weight, scale = _logit_weights(rotary, mode, dim)
+    score_rot, value_rot = _relative_rotations(rotary, mode, pos, pos, dim, _top(pos))
+    scores = scale * torch.einsum("hid,ijde,hje->hij", weight * q[0], score_rot, k[0])
     if causal:
         scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
     weights = scores.softmax(dim=-1)  # (H, T, T)

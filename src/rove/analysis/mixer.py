@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rove.functional import logit_temperature
 from rove.layer import RoveAttention
 from rove.model import GPT
 from rove.reference import mixer_matrix
@@ -116,10 +117,9 @@ def attention_weights(
         q, k = x @ w.w_q.T, x @ w.w_k.T  # (T, D)
         if w.b_q is not None:
             q, k = q + w.b_q, k + w.b_k
-        scale = 1 / math.sqrt(attn.head_dim)
         if attn.mode != "nope":
             q, k = _rotate(attn, q, positions), _rotate(attn, k, positions)
-            scale *= attn.rotary.logit_scale
+        q, scale = logit_temperature(q, attn.rotary, attn.mode)  # the layer's temperature
         scores = scale * q @ k.T
         if attn.causal:
             scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), -math.inf)

@@ -19,6 +19,7 @@ from rove.rotary.rotation import Convention
 
 __all__ = [
     "BACKENDS",
+    "check_tables",
     "get_backend",
     "rotate",
     "split_rotate_qkv",
@@ -63,6 +64,34 @@ def _use_triton(x: torch.Tensor) -> bool:
     return _backend == "triton"
 
 
+def check_tables(
+    cos: torch.Tensor, sin: torch.Tensor, batch: int | None, seq: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one broadcasting rule of both backends, checked with a clear error.
+
+    Tables are ``(T, r/2)`` (shared by the batch) or ``(B', T, r/2)`` with ``B'`` 1 or the
+    input's ``batch`` (None: the input has no batch dim, so only ``(T, r/2)``). ``(1, T, r/2)`` is
+    returned as ``(T, r/2)``, so the Triton kernels (which take a batch stride) see it as shared.
+    """
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} shapes differ")
+    ok = cos.ndim == 2 or (cos.ndim == 3 and batch is not None and cos.shape[0] in (1, batch))
+    if not ok or cos.shape[-2] != seq:
+        allowed = f"({seq}, r/2)" + ("" if batch is None else f", (1 or {batch}, {seq}, r/2)")
+        raise ValueError(
+            f"rotation tables of shape {tuple(cos.shape)} do not fit the input: expected "
+            f"{allowed} (positions (T,) or (1 or B, T) for a (B, H, T, D) input)"
+        )
+    if cos.ndim == 3 and cos.shape[0] == 1:
+        return cos[0], sin[0]
+    return cos, sin
+
+
+def _check_floating(name: str, x: torch.Tensor) -> None:
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+
+
 def rotate(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -76,8 +105,12 @@ def rotate(
     Arguments:
         x: queries, keys, values or attention outputs, ``(B, H, T, D)`` (or ``(H, T, D)``, ``(T, D)``).
         cos, sin: tables ``(T, r/2)`` or ``(B, T, r/2)`` from ``Rotary.tables``; the first ``r``
-            channels of each head are rotated, the rest pass through.
+            channels of each head are rotated, the rest pass through; see ``check_tables``.
     """
+    _check_floating("x", x)
+    if not 2 <= x.ndim <= 4:
+        raise ValueError(f"x must be (T, D), (H, T, D) or (B, H, T, D), got {tuple(x.shape)}")
+    cos, sin = check_tables(cos, sin, x.shape[0] if x.ndim == 4 else None, x.shape[-2])
     if _use_triton(x) and not (cos.requires_grad or sin.requires_grad):
         from rove.kernels.triton_rotary import rotate_triton
 
@@ -100,6 +133,8 @@ def split_rotate_qkv(
 
     See ``rove.kernels.torch_rotary.split_rotate_qkv_torch`` for the layout.
     """
+    _check_floating("qkv", qkv)
+    cos, sin = check_tables(cos, sin, qkv.shape[0], qkv.shape[-2])
     kwargs = dict(
         n_head=n_head,
         n_kv_head=n_kv_head,
@@ -118,6 +153,7 @@ def unrotate_output(
     o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, convention: Convention = "half"
 ) -> torch.Tensor:
     """Attention output ``(B, H, T, D)`` -> ``R_(-i)``-rotated ``(B, T, H * D)`` for the out-projection."""
+    cos, sin = check_tables(cos, sin, o.shape[0], o.shape[-2])
     if _use_triton(o) and not (cos.requires_grad or sin.requires_grad):
         from rove.kernels.triton_rotary import unrotate_output_triton
 

@@ -9,9 +9,11 @@ Notable features:
 - ``token_nll`` computes the LM head in chunks, so long-context evaluation of a 50k vocabulary
   never materialises ``(B, T, V)`` logits.
 - ``generate`` decodes with a ``KVCache`` of rotated keys and rotated values, and equals
-  uncached generation.
-- ``rope_scaling`` swaps in YaRN / NTK / linear frequencies at inference (relative to
-  ``block_size``); the YaRN temperature goes to the logits only.
+  uncached generation under every schedule: dynamic NTK's length is pinned to prompt + new
+  tokens for the whole generation, cached or not (see ``Rotary.at_length``).
+- ``rope_scaling`` swaps in YaRN / NTK / linear / dynamic-NTK frequencies at inference (relative
+  to ``block_size``); the YaRN temperature goes to the logits only (or, with
+  ``temperature="rotated"``, to the rotated channels' share of them, as in HF).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 from rove.kv_cache import KVCache
 from rove.layer import RoveAttention
 from rove.model.config import GPTConfig
-from rove.rotary import Rotary, table_dtype
+from rove.rotary import Rotary, Temperature, check_positions, table_dtype
 
 __all__ = ["GPT", "SCALING_KINDS"]
 
@@ -140,8 +142,14 @@ class GPT(nn.Module):
             )
         seq = idx.shape[1]
         offset = cache.length if cache is not None else 0
+        length = None  # max(position) + 1 for dynamic NTK: known without a sync by default
         if positions is None:
             positions = torch.arange(offset, offset + seq, device=idx.device)
+            length = offset + seq
+        elif self.rotary is not None:
+            self.rotary.check_positions(positions, seq, batch=idx.shape[0])
+        else:
+            check_positions(positions, seq, batch=idx.shape[0])
         x = self.wte(idx)
         tables = None
         if self.wpe is not None:
@@ -153,8 +161,9 @@ class GPT(nn.Module):
                 )
             x = x + self.wpe(positions)
         elif self.rotary is not None:
-            dtype = table_dtype(self.wte.weight.dtype)
-            tables = self.rotary.tables(positions, dtype, seq_len=offset + seq)
+            tables = self.rotary.tables(
+                positions, table_dtype(self.wte.weight.dtype), seq_len=length
+            )
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(
@@ -197,11 +206,20 @@ class GPT(nn.Module):
         return out
 
     @contextlib.contextmanager
-    def rope_scaling(self, kind: str | None, factor: float) -> Iterator[None]:
+    def rope_scaling(
+        self,
+        kind: str | None,
+        factor: float,
+        *,
+        temperature: Temperature = "logits",
+        length: int | None = None,
+    ) -> Iterator[None]:
         """Inference-time frequency scaling relative to ``block_size`` inside the block.
 
         ``kind`` is None, "yarn", "ntk", "linear" or "dynamic-ntk"; ``factor <= 1`` or a model
-        without rotary leaves the model unchanged.
+        without rotary leaves the model unchanged. ``temperature`` places YaRN's logit scale
+        (``Rotary``'s argument: "logits" as in the paper, "rotated" as in HF). ``length`` pins
+        dynamic NTK's length (``Rotary.at_length``), which decoding with a ``KVCache`` needs.
         """
         if kind is not None and kind not in SCALING_KINDS:
             raise ValueError(f"unknown rope scaling {kind!r}; choose one of {SCALING_KINDS}")
@@ -211,14 +229,20 @@ class GPT(nn.Module):
         scaling: dict[str, object] = {"type": kind, "factor": float(factor)}
         if kind in ("yarn", "dynamic-ntk"):
             scaling["original_max_position"] = self.config.block_size
+        scaled = self.rotary.with_scaling(scaling, temperature=temperature)
+        with self._using_rotary(scaled if length is None else scaled.at_length(length)):
+            yield
+
+    @contextlib.contextmanager
+    def _using_rotary(self, rotary: Rotary | None) -> Iterator[None]:
         original = self.rotary
-        self._set_rotary(original.with_scaling(scaling))
+        self._set_rotary(rotary)
         try:
             yield
         finally:
             self._set_rotary(original)
 
-    def _set_rotary(self, rotary: Rotary) -> None:
+    def _set_rotary(self, rotary: Rotary | None) -> None:
         self.rotary = rotary
         for block in self.blocks:
             block.attn.rotary = rotary
@@ -235,9 +259,34 @@ class GPT(nn.Module):
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Extend ``idx`` ``(B, T)`` by ``max_new_tokens`` tokens: greedy at temperature 0,
-        else sampled (optionally from the ``top_k`` most likely). Returns ``(B, T + new)``."""
+        else sampled (optionally from the ``top_k`` most likely). Returns ``(B, T + new)``.
+
+        Under dynamic NTK the length is pinned to ``T + max_new_tokens`` for every step, cached
+        or not: the frequencies of a forward over the final sequence, so a cache stays valid.
+        """
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
+            raise TypeError(f"top_k must be an int or None, got {top_k!r}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1 (None keeps every token), got {top_k}")
+        if not math.isfinite(temperature):
+            raise ValueError(f"temperature must be finite, got {temperature}")
         if max_new_tokens <= 0:
             return idx
+        pinned = (
+            None if self.rotary is None else self.rotary.at_length(idx.shape[1] + max_new_tokens)
+        )
+        with self._using_rotary(pinned):
+            return self._generate(idx, max_new_tokens, temperature, top_k, use_cache, generator)
+
+    def _generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        use_cache: bool,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
         cache = None
         if use_cache:
             cfg = self.config

@@ -1,6 +1,6 @@
 """The group action: frequency schedules, cos/sin tables and the rotation with its exact inverse."""
 
-from rove.rotary.embedding import Rotary, check_positions
+from rove.rotary.embedding import TEMPERATURES, Rotary, Temperature, check_positions
 from rove.rotary.frequencies import SCHEDULES, RotaryFrequencies, rotary_frequencies
 from rove.rotary.nd import NDRotary, grid_positions
 from rove.rotary.rotation import (
@@ -16,10 +16,12 @@ from rove.rotary.rotation import (
 __all__ = [
     "CONVENTIONS",
     "SCHEDULES",
+    "TEMPERATURES",
     "Convention",
     "NDRotary",
     "Rotary",
     "RotaryFrequencies",
+    "Temperature",
     "apply_rotary",
     "check_positions",
     "convention_permutation",

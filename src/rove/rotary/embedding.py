@@ -10,25 +10,41 @@ forward and hands them to every layer.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import torch
 
 from rove.rotary.frequencies import RotaryFrequencies, rotary_frequencies
 from rove.rotary.rotation import Convention, check_convention, rotation_tables, table_dtype
 
-__all__ = ["Rotary", "check_positions"]
+__all__ = ["TEMPERATURES", "Rotary", "Temperature", "check_positions"]
 
 
-def check_positions(positions: torch.Tensor, length: int, name: str = "positions") -> None:
-    """Raise if ``positions`` is not an integer tensor of shape ``(length,)`` or ``(B, length)``."""
+def check_positions(
+    positions: torch.Tensor, length: int, name: str = "positions", batch: int | None = None
+) -> None:
+    """Raise unless ``positions`` is an integer ``(length,)`` or ``(B', length)`` tensor.
+
+    One broadcasting rule for every backend: ``B'`` is 1 or ``batch`` (the input's batch size,
+    when the input has one); ``(length,)`` and ``(1, length)`` share positions across the batch.
+    """
     if not isinstance(positions, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
     if positions.ndim not in (1, 2) or positions.shape[-1] != length:
         raise ValueError(
             f"{name} must have shape ({length},) or (batch, {length}), got {tuple(positions.shape)}"
         )
-    if positions.is_floating_point() or positions.is_complex():
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got {positions.dtype}")
+    if positions.ndim == 2 and batch is not None and positions.shape[0] not in (1, batch):
+        raise ValueError(
+            f"{name} of shape {tuple(positions.shape)} do not match batch size {batch}: "
+            f"use ({length},), (1, {length}) or ({batch}, {length})"
+        )
+
+
+Temperature = Literal["logits", "rotated"]
+TEMPERATURES: tuple[str, ...] = ("logits", "rotated")
 
 
 class Rotary:
@@ -43,6 +59,14 @@ class Rotary:
         convention: ``"half"`` (default) or ``"interleaved"`` channel pairing.
         scaling: frequency schedule, ``{"type": "yarn", "factor": 4, "original_max_position": 1024}``
             etc.; see ``rove.rotary.SCHEDULES``.
+        temperature: where a schedule's logit scale (YaRN) goes. ``"logits"`` (default, the
+            YaRN paper): every logit, through the softmax scale. ``"rotated"`` (HF transformers,
+            which folds the factor into q's and k's cos/sin): only the rotated channels' share
+            of ``q.k``; identical unless rotary is partial. Never the V/O rotations.
+
+    Dynamic NTK: the schedule's length is ``max(position) + 1`` over every position taking part
+    (queries and keys), as in HF; see ``dynamic_length``. ``at_length`` pins it (a KV cache
+    needs a fixed length).
     """
 
     def __init__(
@@ -54,6 +78,7 @@ class Rotary:
         base: float = 10000.0,
         convention: Convention = "half",
         scaling: Mapping[str, object] | None = None,
+        temperature: Temperature = "logits",
     ) -> None:
         if not isinstance(head_dim, int) or head_dim <= 0:
             raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
@@ -69,19 +94,26 @@ class Rotary:
         if rotary_dim <= 0 or rotary_dim % 2:
             raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
         check_convention(convention)
+        if temperature not in TEMPERATURES:
+            raise ValueError(f"unknown temperature {temperature!r}; choose one of {TEMPERATURES}")
+        self.temperature: Temperature = temperature
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim
         self.base = float(base)
         self.convention: Convention = convention
         self.scaling = dict(scaling) if scaling is not None else None
         self._dynamic = self.scaling is not None and self.scaling.get("type") == "dynamic-ntk"
+        self.pinned_length: int | None = None  # dynamic NTK's length, once pinned by at_length
         # validates the scaling dict eagerly, so a bad config fails at construction
         self._freqs = rotary_frequencies(rotary_dim, self.base, self.scaling)
 
     def __repr__(self) -> str:
         return (
             f"Rotary(head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
-            f"convention={self.convention!r}, scaling={self.scaling})"
+            f"convention={self.convention!r}, scaling={self.scaling}, "
+            f"temperature={self.temperature!r}"
+            + ("" if self.pinned_length is None else f", pinned_length={self.pinned_length}")
+            + ")"
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -91,9 +123,12 @@ class Rotary:
             "base": self.base,
             "convention": self.convention,
             "scaling": self.scaling,
+            "temperature": self.temperature,
         }
 
-    def with_scaling(self, scaling: Mapping[str, object] | None) -> Rotary:
+    def with_scaling(
+        self, scaling: Mapping[str, object] | None, *, temperature: Temperature | None = None
+    ) -> Rotary:
         """The same rotary with another frequency schedule (e.g. YaRN at inference)."""
         return Rotary(
             self.head_dim,
@@ -101,19 +136,55 @@ class Rotary:
             base=self.base,
             convention=self.convention,
             scaling=scaling,
+            temperature=self.temperature if temperature is None else temperature,
         )
 
+    def at_length(self, length: int) -> Rotary:
+        """This rotary with dynamic NTK's length pinned to ``length``: fixed frequencies, those
+        of a forward over ``length`` tokens from 0. Other schedules are returned unchanged.
+
+        Why: the frequencies of a growing sequence change at every step, so keys cached at an
+        earlier step (and, past the first layer, their content) no longer match; with the
+        length pinned, cached decoding equals the uncached forward.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ValueError(f"length must be a non-negative int, got {length!r}")
+        if not self._dynamic:
+            return self
+        pinned = Rotary(**self.to_dict())  # type: ignore[arg-type]
+        pinned.pinned_length = length
+        pinned._freqs = rotary_frequencies(self.rotary_dim, self.base, self.scaling, seq_len=length)
+        return pinned
+
     def frequencies(self, seq_len: int | None = None) -> RotaryFrequencies:
-        """Frequencies and attention factor; ``seq_len`` matters only for dynamic NTK."""
-        if self._dynamic:
+        """Frequencies and attention factor; ``seq_len`` matters only for (unpinned) dynamic NTK."""
+        if self.dynamic:
             return rotary_frequencies(self.rotary_dim, self.base, self.scaling, seq_len=seq_len)
         return self._freqs
 
+    @property
+    def dynamic(self) -> bool:
+        """True when the frequencies depend on the length (dynamic NTK, not pinned)."""
+        return self._dynamic and self.pinned_length is None
+
+    def dynamic_length(self, *positions: torch.Tensor) -> int | None:
+        """The length that drives dynamic NTK: ``max(position) + 1`` over all the given
+        position tensors (None for other schedules). Every path (``tables``, ``rotate``,
+        ``rove.attention``, the layer, the model) uses this one rule."""
+        if not self.dynamic:
+            return None
+        tops = [int(p.max()) + 1 for p in positions if p.numel()]
+        return max(tops, default=0)
+
     def check_positions(
-        self, positions: torch.Tensor, length: int, name: str = "positions"
+        self,
+        positions: torch.Tensor,
+        length: int,
+        name: str = "positions",
+        batch: int | None = None,
     ) -> None:
         """Validate positions for this encoding (1-D rotary: integer ``(T,)`` or ``(B, T)``)."""
-        check_positions(positions, length, name)
+        check_positions(positions, length, name, batch)
 
     @property
     def logit_scale(self) -> float:
@@ -130,8 +201,8 @@ class Rotary:
 
         The YaRN attention factor is deliberately *not* folded in: V and O reuse these tables.
         """
-        if self._dynamic and seq_len is None:
-            seq_len = int(positions.max()) + 1 if positions.numel() else 0
+        if seq_len is None:
+            seq_len = self.dynamic_length(positions)
         return rotation_tables(positions, self.frequencies(seq_len).inv_freq, dtype)
 
     def rotate(
@@ -144,18 +215,28 @@ class Rotary:
     ) -> torch.Tensor:
         """Rotate ``x`` of shape ``(B, H, T, D)`` (or ``(T, D)``, ``(H, T, D)``) by ``R_p``.
 
-        ``positions`` is ``(T,)`` or ``(B, T)``; default ``offset + arange(T)`` (``offset`` is
-        the number of tokens already in a KV cache). ``inverse=True`` applies ``R_(-p)``.
+        ``positions`` is ``(T,)``, or ``(1, T)`` / ``(B, T)`` for a 4-D ``x``; default
+        ``offset + arange(T)`` (``offset`` is the number of tokens already in a KV cache).
+        ``inverse=True`` applies ``R_(-p)``.
         """
         from rove.kernels import rotate as rotate_fast  # kernels depend on this module
 
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', x)!r}")
+        if not 2 <= x.ndim <= 4:
+            raise ValueError(f"x must be (T, D), (H, T, D) or (B, H, T, D), got {tuple(x.shape)}")
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x has last dim {x.shape[-1]}, expected head_dim {self.head_dim}")
         length = x.shape[-2]
         if positions is None:
             positions = torch.arange(offset, offset + length, device=x.device)
         else:
-            self.check_positions(positions, length)
+            self.check_positions(positions, length, batch=x.shape[0] if x.ndim == 4 else None)
+            if positions.ndim == 2 and x.ndim != 4:
+                raise ValueError(
+                    f"per-sequence positions {tuple(positions.shape)} need x of shape "
+                    f"(B, H, T, D), got {tuple(x.shape)}; give ({length},) positions"
+                )
         cos, sin = self.tables(positions, table_dtype(x.dtype))
         return rotate_fast(x, cos, sin, convention=self.convention, inverse=inverse)
 

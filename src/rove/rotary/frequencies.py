@@ -111,6 +111,11 @@ def _yarn(
     Planes that turn more than ``beta_fast`` times over the original context keep their frequency
     (extrapolation); planes turning fewer than ``beta_slow`` times are divided by ``factor``
     (interpolation). The ramp between is linear in the dimension index, as in the reference code.
+
+    The temperature is ``attention_factor`` if given, else ``mscale(factor, mscale) /
+    mscale(factor, mscale_all_dim)`` when both are given (DeepSeek), else ``0.1 ln(factor) + 1``.
+    As in HF, a single one of ``mscale`` / ``mscale_all_dim`` is ignored; unlike HF, ``0`` is
+    refused rather than read as "absent" (``rotary_frequencies`` validates this).
     """
 
     def correction_dim(num_rotations: float) -> float:
@@ -172,9 +177,25 @@ def _validate(kind: str, params: dict[str, object]) -> None:
                 )
         elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise TypeError(f"rotary scaling {kind!r}: {name!r} must be a number, got {value!r}")
+    for name, value in params.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"rotary scaling {kind!r}: {name!r} must be finite, got {value}")
     factor = params.get("factor")
     if factor is not None and factor < 1:
         raise ValueError(f"rotary scaling {kind!r}: factor must be >= 1, got {factor}")
+    for name in ("original_max_position", "beta_fast", "beta_slow", "attention_factor"):
+        value = params.get(name)
+        if value is not None and value <= 0:  # type: ignore[operator]
+            raise ValueError(f"rotary scaling {kind!r}: {name!r} must be > 0, got {value}")
+    for name in ("mscale", "mscale_all_dim"):
+        value = params.get(name)
+        if value is not None and value <= 0:  # type: ignore[operator]
+            # HF reads 0 as "absent" (a falsy check); the formula would read it as a value.
+            # Neither reading is safe to guess, so only positive values or None are accepted.
+            raise ValueError(
+                f"rotary scaling {kind!r}: {name!r} must be > 0 or None (absent), got {value}; "
+                "HF treats 0 as absent: omit the key for that meaning"
+            )
 
 
 def rotary_frequencies(
@@ -195,8 +216,10 @@ def rotary_frequencies(
     """
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
-    if base <= 1:
-        raise ValueError(f"rotary base must be > 1, got {base}")
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"rotary base must be a number, got {base!r}")
+    if not math.isfinite(base) or base <= 1:
+        raise ValueError(f"rotary base must be a finite number > 1, got {base}")
     if scaling is None:
         return _default(rotary_dim, base)
     params = dict(scaling)
@@ -204,6 +227,9 @@ def rotary_frequencies(
     if kind not in SCHEDULES:
         raise ValueError(f"unknown rotary scaling type {kind!r}; choose one of {sorted(SCHEDULES)}")
     _validate(kind, params)
+    if kind in ("ntk", "dynamic-ntk") and rotary_dim <= 2:
+        # the NTK base exponent is rotary_dim / (rotary_dim - 2)
+        raise ValueError(f"rotary scaling {kind!r} needs rotary_dim >= 4, got {rotary_dim}")
     if kind == "dynamic-ntk":
         params["seq_len"] = seq_len
     return SCHEDULES[kind](rotary_dim, float(base), **params)

@@ -178,10 +178,23 @@ class NDRotary(nn.Module):
         """No frequency schedule here, so no attention temperature."""
         return 1.0
 
+    # no frequency schedule: no temperature, no dynamic length (the interface of ``Rotary``)
+    temperature = "logits"
+    dynamic = False
+
+    def dynamic_length(self, *positions: torch.Tensor) -> None:
+        """No length-dependent schedule (interface parity with ``Rotary``)."""
+        return None
+
     def check_positions(
-        self, positions: torch.Tensor, length: int, name: str = "positions"
+        self,
+        positions: torch.Tensor,
+        length: int,
+        name: str = "positions",
+        batch: int | None = None,
     ) -> None:
-        """Raise unless ``positions`` is a real ``(length, n_axes)`` or ``(B, length, n_axes)`` tensor."""
+        """Raise unless ``positions`` is a real ``(length, n_axes)`` or ``(B', length, n_axes)``
+        tensor, ``B'`` 1 or ``batch``."""
         if not isinstance(positions, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
         if positions.ndim not in (2, 3) or positions.shape[-2:] != (length, self.n_axes):
@@ -193,6 +206,10 @@ class NDRotary(nn.Module):
         if positions.is_complex() or positions.dtype == torch.bool:
             raise TypeError(
                 f"{name} must be a real (float or integer) tensor, got {positions.dtype}"
+            )
+        if positions.ndim == 3 and batch is not None and positions.shape[0] not in (1, batch):
+            raise ValueError(
+                f"{name} of shape {tuple(positions.shape)} do not match batch size {batch}"
             )
 
     def tables(
