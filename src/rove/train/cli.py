@@ -101,7 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm; 0 = off")
     g = p.add_argument_group("system")
     g.add_argument("--dtype", choices=DTYPES, default="bf16", help="bf16 autocast or fp32")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile the model; default: yes on CUDA, no on CPU",
+    )
     g.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
     g.add_argument("--seed", type=int, default=0, help="weights' init and data order")
     g = p.add_argument_group("evaluation, checkpoints and output")

@@ -128,7 +128,12 @@ def configure_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> t
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if device.type == "cuda":
+    """``t`` on ``device``; host batches go through pinned memory so the copy is asynchronous.
+
+    A batch already on the GPU (a benchmark's fixed batch, a GPU-resident loader) is passed
+    through: pinning is defined only for host tensors.
+    """
+    if device.type == "cuda" and t.device.type == "cpu":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
 
