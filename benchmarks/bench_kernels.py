@@ -210,7 +210,7 @@ def layer_step(
     torch.manual_seed(0)
     layer = RoveAttention(heads * hd, heads, mode=mode).to(args.device, dtype)
     fn = (
-        torch.compile(layer, backend=getattr(args, "compile_backend", "inductor"))
+        torch.compile(layer, backend=getattr(args, "compile_backend", "inductor"), dynamic=False)
         if compiled
         else layer
     )
