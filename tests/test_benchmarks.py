@@ -129,3 +129,20 @@ def _env() -> dict:
     import os
 
     return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_cpu_benchmarks_run_and_record(tmp_path, capsys):
+    import bench_attention
+    import bench_kernels
+    import bench_train
+
+    results = tmp_path / "RESULTS.md"
+    record = ["--threads", "1", "--results", str(results)]
+    bench_attention.main(["--seq", "32", "--heads", "2", "--head-dim", "16", "--repeats", "2",
+                          "--warmup", "1", "--compile", "0", *record])  # fmt: skip
+    bench_kernels.main(["--device", "cpu", "--quick", *record])
+    bench_train.main(["--device", "cpu", "--quick", "--presets", "nano", *record])
+    text = results.read_text()
+    for name in ("bench_attention", "bench_kernels", "bench_train"):
+        assert f": {name}\n" in text
+    assert text.count("[") > 10  # spreads next to the medians
