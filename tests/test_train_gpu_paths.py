@@ -45,3 +45,10 @@ def test_cli_compile_flag_is_three_way():
     cpu = ["--preset", "nano", "--device", "cpu"]
     assert config_from_args(parse(cpu)).resolve().compile is False
     assert config_from_args(parse([*cpu, "--compile"])).resolve().compile is True
+
+
+def test_parallel_strategy_is_validated():
+    assert TrainConfig(preset="nano").parallel == "ddp"
+    assert TrainConfig(preset="nano", parallel="fsdp").resolve().parallel == "fsdp"
+    with pytest.raises(ValueError, match="parallel"):
+        TrainConfig(preset="nano", parallel="zero3")

@@ -23,6 +23,7 @@ import sys
 
 from rove.model import POSITIONS, PRESETS
 from rove.train.config import DECAY_SHAPES, DTYPES, LOGGERS, SCHEDULES, TOKENIZERS, TrainConfig
+from rove.train.distributed import PARALLEL
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -107,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch.compile the model; default: yes on CUDA, no on CPU",
     )
     g.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
+    g.add_argument(
+        "--parallel",
+        choices=PARALLEL,
+        default="ddp",
+        help="under torchrun: ddp (a replica per rank) or fsdp (FSDP2, sharded weights)",
+    )
     g.add_argument("--seed", type=int, default=0, help="weights' init and data order")
     g = p.add_argument_group("evaluation, checkpoints and output")
     g.add_argument("--eval-interval", type=int, help=f"steps between evals, 0 = end; {RECIPE}")

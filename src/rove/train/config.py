@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rove.model import POSITIONS, PRESETS, GPTConfig, get_preset
+from rove.train.distributed import PARALLEL
 
 __all__ = [
     "DECAY_SHAPES",
@@ -53,6 +54,7 @@ RESUMABLE_CHANGES = (
     "micro_batch",
     "compile",
     "device",
+    "parallel",  # checkpoints are unsharded either way
     "data_dir",
     "eval_interval",
     "checkpoint_interval",
@@ -166,6 +168,7 @@ class TrainConfig:
     dtype: str = "bf16"  # "bf16" autocast (fp32 weights) where the device supports it | "fp32"
     compile: bool | None = None  # torch.compile the model; None = on CUDA yes, on CPU no
     device: str = "auto"  # "auto" (CUDA if available, else CPU) | "cpu" | "cuda"
+    parallel: str = "ddp"  # several processes: "ddp" replicas | "fsdp" (FSDP2) sharded weights
     seed: int = 0  # seeds the weights' init and the training data order
     # --- evaluation, checkpoints, logging ---
     eval_interval: int | None = (
@@ -192,6 +195,7 @@ class TrainConfig:
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("decay_shape", self.decay_shape, DECAY_SHAPES)
         _choice("dtype", self.dtype, DTYPES)
+        _choice("parallel", self.parallel, PARALLEL)
         if self.tokenizer is not None:
             _choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.data is not None and (not isinstance(self.data, str) or not self.data):
