@@ -168,6 +168,7 @@ class Suite:
             device=self.device,
             warmup=s.warmup,
             rounds=s.rounds,
+            min_rounds=min(5, s.rounds),  # a spread needs a few rounds even over budget
             min_sample_s=0.02 if self.cuda else 0.0,
             budget_s=budget,
         )
