@@ -109,7 +109,7 @@ def check_triton_matches_torch(args: argparse.Namespace, tables, qkv, o) -> floa
         diff = ((fast.float() - ref.float()).abs() / (1 + ref.float().abs())).max().item()
         worst = max(worst, diff)
     if worst > 2 * torch.finfo(qkv.dtype).eps:
-        raise SystemExit(f"triton path differs from the torch path: {worst:.3g} relative")
+        raise RuntimeError(f"triton path differs from the torch path: {worst:.3g} relative")
     return worst
 
 
