@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -52,3 +54,26 @@ def test_parallel_strategy_is_validated():
     assert TrainConfig(preset="nano", parallel="fsdp").resolve().parallel == "fsdp"
     with pytest.raises(ValueError, match="parallel"):
         TrainConfig(preset="nano", parallel="zero3")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_train_step_takes_batches_already_on_the_gpu():
+    # what bench_train and the GPU suite do: a fixed batch living on the device
+    from rove.model import GPT, get_preset
+    from rove.train.distributed import DistInfo
+    from rove.train.loop import configure_optimizer, train_step
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    cfg = TrainConfig(preset="nano").resolve()
+    model = GPT(get_preset("nano", vocab_size=320)).to(device)
+    x = torch.randint(0, 320, (4, 32), device=device)  # (B, T)
+    y = torch.roll(x, -1, dims=1)
+    opt = configure_optimizer(model, cfg, device)
+    info = DistInfo(0, 0, 1, device, owns_group=False)
+    losses = [
+        train_step(model, opt, lambda: (x, y), grad_accum=2, lr=1e-2, grad_clip=1.0,
+                   amp=torch.bfloat16, info=info)[0]
+        for _ in range(3)
+    ]  # fmt: skip
+    assert all(map(math.isfinite, losses)) and losses[-1] < losses[0]
