@@ -3,9 +3,11 @@
     PYTHONPATH=src python3 benchmarks/gpu_suite.py            # on a CUDA machine, no network
     PYTHONPATH=src python benchmarks/gpu_suite.py --dry-run   # CPU, tiny sizes, < 1 minute
 
-Stages, each with its own time budget (``--budget STAGE=SECONDS``); a stage that cannot run
-(no CUDA, no Triton, no pytest, out of memory, over budget) is skipped with the reason printed
-and recorded, and the suite goes on:
+Stages, each with its own time budget (``--budget STAGE=SECONDS``) inside a total one
+(``--total``); a stage that cannot run (no CUDA, no Triton, no pytest, out of memory, budget
+spent) is skipped with the reason printed and recorded, and the suite goes on. Budgets are
+checked between units of work (a length, a round): a compile in flight is never cut short, so
+a slow compiler shows as a stage "over budget" and fewer rounds, not as a hang:
 
 a. ``tests``: the ``gpu``-marked tests, then every rotation kernel (torch path, and Triton where
    it runs) against a float64 reference, forward and backward, in fp32 and bf16, on the device;
@@ -54,7 +56,7 @@ from rove.rotary import Rotary
 from rove.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-BUDGETS = {"tests": 60, "rotation": 25, "attention": 100, "train": 150, "pilot": 140}
+BUDGETS = {"tests": 75, "rotation": 25, "attention": 100, "train": 150, "pilot": 140}
 DRY_BUDGETS = dict.fromkeys(BUDGETS, 30)
 GOALS = {
     "copy": 0.70,  # fused rotation >= 70 % of copy bandwidth
@@ -221,7 +223,7 @@ class Suite:
                    "--continue-on-collection-errors", *files]  # fmt: skip
             try:
                 proc = subprocess.run(
-                    cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget / 2
+                    cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget * 2 / 3
                 )
                 tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:]
                 result["pytest"] = {"returncode": proc.returncode, "summary": tail}
@@ -230,8 +232,8 @@ class Suite:
                 if proc.returncode not in (0, 5):
                     print(proc.stdout[-4000:], proc.stderr[-2000:], sep="\n")
             except subprocess.TimeoutExpired:
-                result["pytest"] = f"timed out after {budget / 2:.0f} s"
-                lines.append(f"gpu-marked tests: timed out after {budget / 2:.0f} s")
+                result["pytest"] = f"timed out after {budget * 2 / 3:.0f} s"
+                lines.append(f"gpu-marked tests: timed out after {budget * 2 / 3:.0f} s")
         checks = self.kernel_checks()
         result["kernel_checks"] = checks
         failed = [c for c in checks if not c["ok"]]
