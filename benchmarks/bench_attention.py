@@ -1,7 +1,9 @@
 """One attention layer, forward + backward: RoVE vs RoPE vs NoPE, eager vs compiled, side by side.
 
-Machines here are noisy, so variants are timed interleaved in the same run (round-robin over
-repeats) and reported as ratios to RoPE; absolute times are for orientation only.
+Machines here are noisy, so variants are timed through ``harness``: every variant of a length
+once per round in a rotating order, fresh gradients each call, a fixed thread count, medians
+with interquartile ranges and ratios to RoPE paired per round; absolute times are for
+orientation only. Every run is appended to RESULTS.md (``--no-record`` to skip).
 
 Run:
     python benchmarks/bench_attention.py                      # CPU, T=1024, 8 heads of 64, fp32
@@ -11,21 +13,15 @@ Run:
 from __future__ import annotations
 
 import argparse
-import platform
-import statistics
-import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+import harness
 from rove import RoveAttention
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def make_step(mode: str, args: argparse.Namespace, seq: int, compiled: bool) -> Callable[[], None]:
@@ -35,9 +31,10 @@ def make_step(mode: str, args: argparse.Namespace, seq: int, compiled: bool) -> 
     fn = torch.compile(layer) if compiled else layer
     x = torch.randn(args.batch, seq, d_model, device=args.device, dtype=DTYPES[args.dtype])
     x.requires_grad_(True)
+    inputs = [x, *layer.parameters()]
 
     def step() -> None:
-        fn(x).sum().backward()
+        torch.autograd.grad(fn(x).sum(), inputs)  # fresh gradients, none accumulated
 
     return step
 
@@ -47,26 +44,17 @@ def bench(args: argparse.Namespace) -> list[dict]:
     for seq in args.seq:
         for compiled in args.compile:
             steps = {m: make_step(m, args, seq, compiled) for m in args.modes}
-            for step in steps.values():  # warm-up (and compile)
-                for _ in range(args.warmup):
-                    step()
-            times: dict[str, list[float]] = {m: [] for m in steps}
-            for _ in range(args.repeats):
-                for mode, step in steps.items():  # interleaved: drift hits every variant alike
-                    _sync(args.device)
-                    t0 = time.perf_counter()
-                    step()
-                    _sync(args.device)
-                    times[mode].append(time.perf_counter() - t0)
-            med = {m: statistics.median(t) for m, t in times.items()}
-            for mode in steps:
+            timings = harness.time_interleaved(
+                steps, device=args.device, warmup=args.warmup, rounds=args.repeats
+            )
+            for mode, t in timings.items():
                 rows.append(
                     {
                         "seq": seq,
                         "compiled": compiled,
                         "mode": mode,
-                        "ms": 1e3 * med[mode],
-                        "vs_rope": med[mode] / med["rope"],
+                        "ms": t.summary(),
+                        "vs_rope": harness.format_ratio(harness.paired_ratio(t, timings["rope"])),
                     }
                 )
     return rows
@@ -87,22 +75,34 @@ def main(argv: list[str] | None = None) -> None:
         "--compile", type=int, nargs="+", default=[0, 1], help="0 eager, 1 torch.compile"
     )
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
-    p.add_argument("--repeats", type=int, default=20, help="timed steps per variant")
+    p.add_argument("--repeats", type=int, default=20, help="interleaved timed rounds")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (fixed for the run)")
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=harness.RESULTS_MD,
+        help="markdown file the run is appended to (every run is recorded)",
+    )
+    p.add_argument(
+        "--no-record", dest="results", action="store_const", const=None, help="do not record"
+    )
     args = p.parse_args(argv)
+    harness.set_threads(args.threads)
     args.compile = [bool(c) for c in args.compile]
     if "rope" not in args.modes:
         args.modes.append("rope")
-    name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
-    print(
-        f"# attention layer fwd+bwd: {args.device} ({name}), {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}, {args.dtype}, B={args.batch}, H={args.heads}, D={args.head_dim}"
-    )
-    print("| T | compiled | mode | ms (median) | / rope |")
-    print("|---|---|---|---|---|")
+    lines = [
+        f"{args.dtype}, B={args.batch}, H={args.heads}, D={args.head_dim}, median [IQR] of "
+        f"{args.repeats} interleaved rounds",
+        "",
+        "| T | compiled | mode | ms [IQR] | / rope [IQR] |",
+        "|---|---|---|---|---|",
+    ]
     for r in bench(args):
-        print(
-            f"| {r['seq']} | {r['compiled']} | {r['mode']} | {r['ms']:.2f} | {r['vs_rope']:.3f} |"
-        )
+        lines.append(f"| {r['seq']} | {r['compiled']} | {r['mode']} | {r['ms']} | {r['vs_rope']} |")
+    text = "\n".join(lines)
+    print(f"# attention layer fwd+bwd on {harness.machine(args.device)}\n\n{text}")
+    harness.append_results("bench_attention", text, args.device, args.results)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import sys
 
 from rove.model import POSITIONS, PRESETS
 from rove.train.config import DECAY_SHAPES, DTYPES, LOGGERS, SCHEDULES, TOKENIZERS, TrainConfig
+from rove.train.distributed import PARALLEL
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -101,8 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm; 0 = off")
     g = p.add_argument_group("system")
     g.add_argument("--dtype", choices=DTYPES, default="bf16", help="bf16 autocast or fp32")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile the model; default: yes on CUDA, no on CPU",
+    )
     g.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
+    g.add_argument(
+        "--parallel",
+        choices=PARALLEL,
+        default="ddp",
+        help="under torchrun: ddp (a replica per rank) or fsdp (FSDP2, sharded weights)",
+    )
     g.add_argument("--seed", type=int, default=0, help="weights' init and data order")
     g = p.add_argument_group("evaluation, checkpoints and output")
     g.add_argument("--eval-interval", type=int, help=f"steps between evals, 0 = end; {RECIPE}")

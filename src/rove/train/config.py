@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rove.model import POSITIONS, PRESETS, GPTConfig, get_preset
+from rove.train.distributed import PARALLEL
 
 __all__ = [
     "DECAY_SHAPES",
@@ -37,6 +38,7 @@ __all__ = [
     "TOKENIZERS",
     "TrainConfig",
     "build_model_config",
+    "compiles_by_default",
     "pad_vocab",
     "run_fingerprint",
 ]
@@ -59,6 +61,7 @@ RESUMABLE_CHANGES = (
     "micro_batch",
     "compile",
     "device",
+    "parallel",  # checkpoints are unsharded either way
     "data_dir",
     "eval_interval",
     "checkpoint_interval",
@@ -170,8 +173,9 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     # --- system ---
     dtype: str = "bf16"  # "bf16" autocast (fp32 weights) where the device supports it | "fp32"
-    compile: bool = False  # torch.compile the model
+    compile: bool | None = None  # torch.compile the model; None = on CUDA yes, on CPU no
     device: str = "auto"  # "auto" (CUDA if available, else CPU) | "cpu" | "cuda"
+    parallel: str = "ddp"  # several processes: "ddp" replicas | "fsdp" (FSDP2) sharded weights
     seed: int = 0  # seeds the weights' init and the training data order
     # --- evaluation, checkpoints, logging ---
     eval_interval: int | None = (
@@ -198,6 +202,7 @@ class TrainConfig:
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("decay_shape", self.decay_shape, DECAY_SHAPES)
         _choice("dtype", self.dtype, DTYPES)
+        _choice("parallel", self.parallel, PARALLEL)
         if self.tokenizer is not None:
             _choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.data is not None and (not isinstance(self.data, str) or not self.data):
@@ -233,8 +238,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not (_finite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if not isinstance(self.compile, bool):
-            raise ValueError(f"compile must be a bool, got {self.compile!r}")
+        if self.compile is not None and not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be a bool or None (auto), got {self.compile!r}")
         if self.device != "auto":
             try:
                 torch.device(self.device)
@@ -281,7 +286,8 @@ class TrainConfig:
     def resolve(self) -> TrainConfig:
         """A copy with every recipe sentinel filled in; idempotent.
 
-        ``seq_len`` defaults to the preset's block size. ``max_steps`` defaults to
+        ``seq_len`` defaults to the preset's block size; ``compile`` to
+        :func:`compiles_by_default` of the device. ``max_steps`` defaults to
         ``token_budget // tokens_per_step``; when both are given they must agree.
         """
         recipe = RECIPES[self.preset]
@@ -291,6 +297,8 @@ class TrainConfig:
                 values[name] = recipe[name]
         if values["seq_len"] is None:
             values["seq_len"] = PRESETS[self.preset].get("block_size", GPTConfig.block_size)
+        if values["compile"] is None:
+            values["compile"] = compiles_by_default(self.device)
         if values["run_name"] is None:
             values["run_name"] = f"{self.preset}-{self.pos}-seed{self.seed}"
         per_step = values["tokens_per_step"]
@@ -328,7 +336,7 @@ class TrainConfig:
     def is_resolved(self) -> bool:
         return all(
             getattr(self, name) is not None
-            for name in (*_RECIPE_FIELDS, "seq_len", "max_steps", "run_name")
+            for name in (*_RECIPE_FIELDS, "seq_len", "max_steps", "run_name", "compile")
         )
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -368,6 +376,17 @@ def run_fingerprint(train_config: dict) -> str:
 
 def _finite(value: object) -> bool:
     return _number(value) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def compiles_by_default(device: str) -> bool:
+    """Whether a run on ``device`` compiles when ``compile`` is left unset: yes on CUDA.
+
+    The GPU presets' speed (and the benchmarks' numbers) assume ``torch.compile``; on CPU a
+    compile costs more minutes than the short CPU recipes take to train.
+    """
+    if device == "auto":
+        return torch.cuda.is_available()
+    return torch.device(device).type == "cuda"
 
 
 def _number(value: object) -> bool:

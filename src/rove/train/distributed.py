@@ -6,16 +6,26 @@ CUDA, gloo on CPU) only when ``WORLD_SIZE > 1``. Without them it describes a sin
 every collective below is a no-op, so the training loop never branches on "distributed or not".
 
 If a process group already exists (a caller set it up), it is used and left running.
+
+Two ways to spread a model over the ranks (``TrainConfig.parallel``): ``"ddp"`` keeps a full
+replica per rank and all-reduces gradients; ``"fsdp"`` (FSDP2, ``fully_shard``) shards
+parameters, gradients and optimizer state, so a rank holds ``1 / world_size`` of them plus one
+block's gathered weights at a time: the option for models that do not fit one GPU. Checkpoints
+are full (unsharded) either way, gathered through :func:`unsharded_copy`, so a run can resume
+under the other strategy or another world size's layout.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+PARALLEL = ("ddp", "fsdp")
 
 __all__ = [
     "DistInfo",
@@ -23,7 +33,10 @@ __all__ = [
     "all_reduce_mean",
     "barrier",
     "init_distributed",
+    "load_optimizer_state",
+    "shard_fsdp",
     "shutdown_distributed",
+    "unsharded_copy",
     "wrap_ddp",
 ]
 
@@ -107,6 +120,94 @@ def wrap_ddp(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
         return model
     device_ids = [info.device.index] if info.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def shard_fsdp(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
+    """Shard ``model`` in place with FSDP2 over all ranks (no-op for one process).
+
+    Each transformer block is its own unit (its weights are gathered just before it runs and
+    freed after), the root holds the rest: embeddings, the tied LM head, the final norm. Call
+    it after ``model.to(device)`` and before building the optimizer, which must see the
+    sharded parameters.
+    """
+    if not info.distributed:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(info.device.type, (info.world_size,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+Twin = Callable[[], tuple[torch.nn.Module, torch.optim.Optimizer]]
+
+
+def unsharded_copy(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, make_twin: Twin, info: DistInfo
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A plain copy of a sharded ``model`` and ``optimizer`` holding their full states, for
+    writing a checkpoint; ``(model, optimizer)`` themselves when not sharded.
+
+    ``make_twin()`` builds an unsharded CPU model of the same architecture and its optimizer.
+    A collective: every rank must call it. Only rank 0 builds the copy (the others get the
+    originals back and must not save them).
+    """
+    if not _is_sharded(model):
+        return model, optimizer
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full tensors on rank 0
+    model_state = get_model_state_dict(model, options=opts)
+    optim_state = get_optimizer_state_dict(model, optimizer, options=opts)
+    if not info.is_main:
+        return model, optimizer
+    twin, twin_opt = make_twin()
+    twin.load_state_dict(model_state)
+    set_optimizer_state_dict(
+        twin, twin_opt, optim_state, options=StateDictOptions(full_state_dict=True)
+    )
+    return twin, twin_opt
+
+
+def load_optimizer_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict,
+    make_twin: Twin,
+) -> None:
+    """Load a checkpoint's (full, index-keyed) optimizer ``state`` into ``optimizer``.
+
+    For a sharded model the state goes through an unsharded twin (``make_twin()``: a CPU model
+    and its optimizer, as for :func:`unsharded_copy`), whose name-keyed full state
+    ``set_optimizer_state_dict`` then shards onto this rank.
+    """
+    if not _is_sharded(model):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    twin, twin_opt = make_twin()
+    twin_opt.load_state_dict(state)
+    full = get_optimizer_state_dict(twin, twin_opt, options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
 
 
 def all_reduce_mean(value: torch.Tensor, info: DistInfo) -> torch.Tensor:

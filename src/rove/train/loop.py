@@ -80,7 +80,10 @@ from rove.train.distributed import (
     all_reduce_mean,
     barrier,
     init_distributed,
+    load_optimizer_state,
+    shard_fsdp,
     shutdown_distributed,
+    unsharded_copy,
     wrap_ddp,
 )
 from rove.train.metrics import (
@@ -193,7 +196,12 @@ def configure_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> t
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if device.type == "cuda":
+    """``t`` on ``device``; host batches go through pinned memory so the copy is asynchronous.
+
+    A batch already on the GPU (a benchmark's fixed batch, a GPU-resident loader) is passed
+    through: pinning is defined only for host tensors.
+    """
+    if device.type == "cuda" and t.device.type == "cpu":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
 
@@ -422,9 +430,16 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         check_tokenizer_identity(ckpt.meta["tokenizer"], tok_identity, f"checkpoint {latest}")
         restore_model(raw, ckpt)
     raw.to(info.device)
+    if cfg.parallel == "fsdp":
+        shard_fsdp(raw, info)
+
+    def cpu_twin() -> tuple[GPT, torch.optim.Optimizer]:  # unsharded stand-in for checkpoints
+        twin = GPT(model_cfg)
+        return twin, configure_optimizer(twin, cfg, torch.device("cpu"))
+
     optimizer = configure_optimizer(raw, cfg, info.device)
     if ckpt is not None:
-        optimizer.load_state_dict(ckpt.optimizer_state)
+        load_optimizer_state(raw, optimizer, ckpt.optimizer_state, cpu_twin)
         loader.load_state_dict(ckpt.meta["loader"])
         rng = ckpt.meta["rng"]
         restore_rng(rng[info.rank] if len(rng) == info.world_size else rng[0])
@@ -434,7 +449,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
     if step >= cfg.max_steps and (run_dir / SUMMARY_FILE).is_file():
         return run_dir  # resuming a finished run: nothing to do
     compiled = torch.compile(raw) if cfg.compile else raw
-    model = wrap_ddp(compiled, info)
+    model = wrap_ddp(compiled, info) if cfg.parallel == "ddp" else compiled
     model.train()
 
     barrier(info)  # every rank has checked the run directory before rank 0 writes to it
@@ -475,13 +490,14 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
 
     def checkpoint(at: int, elapsed: float) -> Path | None:
         rng_states = all_gather_objects(capture_rng(), info)
+        full_model, full_optimizer = unsharded_copy(raw, optimizer, cpu_twin, info)
         path = None
         if info.is_main:
             path = save_checkpoint(
                 run_dir / CHECKPOINTS,
                 step=at,
-                model=raw,
-                optimizer=optimizer,
+                model=full_model,
+                optimizer=full_optimizer,
                 tokens=at * cfg.tokens_per_step,
                 train_config=cfg.to_dict(),
                 tokenizer=tok_identity,
