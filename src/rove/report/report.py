@@ -14,7 +14,12 @@ from pathlib import Path
 
 from rove.atomic import write_text_atomic
 from rove.eval.ruler import RULER_GROUPS, RULER_TASKS
-from rove.report.plots import plot_ppl_vs_length, plot_ruler, plot_training_curves
+from rove.report.plots import (
+    has_ruler_data,
+    plot_ppl_vs_length,
+    plot_ruler,
+    plot_training_curves,
+)
 from rove.report.records import dig, ruler_cells, ruler_groups, ruler_lengths
 from rove.report.stats import MIN_TEST_N, paired, summarize
 
@@ -431,10 +436,15 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = results["runs"]
-    figures = {"Perplexity vs length": plot_ppl_vs_length(runs, out_dir / "ppl_vs_length.png").name}
-    if any(r.get("ruler") for r in runs):
-        figures["RULER per task"] = plot_ruler(runs, out_dir / "ruler.png").name
-    if any(r.get("curve") for r in runs):
+    figures = {}
+    if any(v is not None for r in runs for v in r.get("ppl", {}).values()):
+        figures["Perplexity vs length"] = plot_ppl_vs_length(
+            runs, out_dir / "ppl_vs_length.png"
+        ).name
+    if has_ruler_data(runs):
+        figures["RULER groups"] = plot_ruler(runs, out_dir / "ruler.png").name
+    if any(p.get("loss") is not None or p.get("val_loss") is not None
+           for r in runs for p in r.get("curve", [])):  # fmt: skip
         figures["Training curves"] = plot_training_curves(
             runs, out_dir / "training_curves.png"
         ).name
