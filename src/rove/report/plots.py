@@ -23,7 +23,14 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLo
 from rove.report.records import ruler_groups, ruler_lengths
 from rove.report.stats import summarize
 
-__all__ = ["has_ruler_data", "plot_ppl_vs_length", "plot_ruler", "plot_training_curves"]
+__all__ = [
+    "has_ruler_data",
+    "plot_ppl_vs_length",
+    "plot_ruler",
+    "plot_training_curves",
+    "ppl_figure",
+    "training_figure",
+]
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LINESTYLES = ("-", "--", "-.", ":")
@@ -53,6 +60,13 @@ def _log_y_ticks(ax: plt.Axes, n: int = 6) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _mark_train_len(ax: plt.Axes, train_len: int) -> None:
     ax.axvline(train_len, color="grey", lw=1, ls=":", zorder=0)
     ax.annotate(
@@ -71,6 +85,11 @@ def plot_ppl_vs_length(runs: list[dict], path: Path) -> Path:
 
     Method: colour and marker; scaling: line style (plain solid, scaled dashed, hollow markers).
     """
+    return _save(ppl_figure(runs), path)
+
+
+def ppl_figure(runs: list[dict]) -> plt.Figure:
+    """The figure of :func:`plot_ppl_vs_length` (open: the caller saves and closes it)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     train_len = runs[0]["train_len"]
     evaluated: set[int] = set()
@@ -115,10 +134,7 @@ def plot_ppl_vs_length(runs: list[dict], path: Path) -> Path:
     ax.set_title(f"Perplexity vs length (trained at {train_len}; band: ± std over seeds)")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _ruler_bars(runs: list[dict]) -> dict[int, dict[tuple[str, str], dict[str, list]]]:
@@ -183,10 +199,7 @@ def plot_ruler(runs: list[dict], path: Path) -> Path:
         ax.set_ylabel("answer NLL (nats/token, lower is better)")
         ax.set_title(f"RULER groups at {n} tokens (error bars: std over seeds)", fontsize=10)
         ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.08), ncol=len(series))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_training_curves(runs: list[dict], path: Path) -> Path:
@@ -194,6 +207,11 @@ def plot_training_curves(runs: list[dict], path: Path) -> Path:
 
     The y range leaves out the first 10% of training (the initial loss would flatten the rest).
     """
+    return _save(training_figure(runs), path)
+
+
+def training_figure(runs: list[dict]) -> plt.Figure:
+    """The figure of :func:`plot_training_curves` (open: the caller saves and closes it)."""
     panels = [(k, t) for k, t in (("loss", "training loss"), ("val_loss", "validation loss"))
               if any(p.get(k) is not None for r in runs for p in r.get("curve", []))]  # fmt: skip
     if not panels:
@@ -229,7 +247,4 @@ def plot_training_curves(runs: list[dict], path: Path) -> Path:
         ax.set(xlabel="training tokens", ylabel="loss (nats/token)", title=title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
