@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,7 +274,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="checkpoint folder or run folder (its latest checkpoint)")
     p.add_argument("--out", help="JSON output file (default: CHECKPOINT/eval.json)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", "--no-progress", action="store_true", help="no progress bars")
     g = p.add_argument_group("perplexity vs length")
     g.add_argument("--no-ppl", dest="ppl", action="store_false", help="skip perplexity")
     g.add_argument("--ppl-lengths", type=int, nargs="+", help="lengths (default: multiples)")
@@ -332,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         core_max_per_task=args.core_max_per_task,
         seed=args.seed,
     )
-    record = evaluate_checkpoint(args.checkpoint, cfg, device=args.device, progress=not args.quiet)
+    bars = not args.quiet and sys.stderr.isatty()  # tqdm in a log file is \r noise
+    record = evaluate_checkpoint(args.checkpoint, cfg, device=args.device, progress=bars)
     out = Path(args.out) if args.out else Path(args.checkpoint) / "eval.json"
     write_json_atomic(out, record)
     print(f"wrote {out}")

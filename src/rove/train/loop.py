@@ -29,6 +29,7 @@ import logging
 import math
 import platform
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +74,7 @@ from rove.train.metrics import (
     METRICS_FILE,
     SUMMARY_FILE,
     MetricsLogger,
+    eval_line,
     mfu,
     peak_bf16_flops,
     write_summary,
@@ -234,7 +236,8 @@ def _prepare_data(cfg: TrainConfig, info: DistInfo, progress: bool) -> tuple[Pat
             f"--out {data_dir}{max_tokens}`"
         )
     if info.is_main and not (explicit and prepared):
-        log.info("preparing %s (%s) in %s", cfg.data, cfg.tokenizer, data_dir)
+        if not prepared:  # a cached dataset is only checked, silently
+            log.info("preparing %s (%s) in %s", cfg.data, cfg.tokenizer, data_dir)
         prepare_dataset(
             cfg.data,
             data_dir,
@@ -297,7 +300,9 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
             f"{run_dir} already holds a run; resume it (resume=True, --resume) or choose "
             "another run_name / out_dir"
         )
-    data_dir, tok_identity = _prepare_data(cfg, info, progress)
+    # a bar only on a terminal (in a file it is \r noise); otherwise one log line per validation
+    show_bar = progress and info.is_main and sys.stderr.isatty()
+    data_dir, tok_identity = _prepare_data(cfg, info, show_bar)
     model_cfg = build_model_config(cfg, vocab_size=tok_identity["vocab_size"])
     amp = autocast_dtype(cfg.dtype, info.device)
 
@@ -364,7 +369,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         initial=step,
         desc=cfg.run_name,
         unit="step",
-        disable=not (progress and info.is_main),
+        disable=not show_bar,
         dynamic_ncols=True,
     )
     flops_per_token = raw.flops_per_token(cfg.seq_len)
@@ -404,10 +409,15 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         return value
 
     train_time, timed_tokens, rate = 0.0, 0, None
+    last_val: float | None = None
     try:
         if step == 0 and cfg.eval_interval > 0:
-            metrics.log({"step": 0, "tokens": 0, "val_loss": validate(0)})
-        first_step = step
+            val0 = validate(0)
+            metrics.log({"step": 0, "tokens": 0, "val_loss": val0})
+            if info.is_main and not show_bar:
+                log.info(eval_line(0, cfg.max_steps, loss=None, val_loss=val0, tok_per_s=None,
+                                   elapsed_s=time.perf_counter() - started, eta_s=None))  # fmt: skip
+        first_step, loop_start = step, time.perf_counter()
         while step < cfg.max_steps:
             lr = cfg.lr * lr_multiplier(
                 step,
@@ -457,12 +467,20 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
             if step == cfg.max_steps or (cfg.eval_interval and step % cfg.eval_interval == 0):
                 record["val_loss"] = validate(step)
             metrics.log(record)
+            if "val_loss" in record and info.is_main and not show_bar:
+                per_step = (time.perf_counter() - loop_start) / (step - first_step)
+                log.info(eval_line(step, cfg.max_steps, loss=loss, val_loss=record["val_loss"],
+                                   tok_per_s=rate, elapsed_s=time.perf_counter() - started,
+                                   eta_s=per_step * (cfg.max_steps - step)))  # fmt: skip
             if step == cfg.max_steps or (
                 cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
             ):
                 elapsed = elapsed_before + time.perf_counter() - started
                 last_ckpt = checkpoint(step, elapsed) or last_ckpt
             postfix = {"loss": f"{loss:.4f}", "tok/s": f"{rate:,.0f}"}
+            last_val = record.get("val_loss", last_val)
+            if last_val is not None:
+                postfix["val"] = f"{last_val:.4f}"
             if util is not None:
                 postfix["mfu"] = f"{100 * util:.1f}%"
             bar.set_postfix(postfix, refresh=False)
