@@ -130,7 +130,7 @@ def test_min_windows_used_and_short_stream_says_so() -> None:
         model, tokens[:200], [16], scalings=(None,), max_tokens_per_length=64, batch_size=4,
         min_windows=32, progress=False,
     )["results"]["none"][16]  # fmt: skip
-    assert short["n_windows"] == 12 and "12 of 32 windows" in short["note"]
+    assert short["n_windows"] == 12 and "12 windows, fewer than the 32 asked" in short["note"]
 
 
 def test_bootstrap_interval_over_windows() -> None:

@@ -131,8 +131,12 @@ def test_three_seeds_report_tests_groups_and_reasons(tmp_path):
     assert "| method | CWE | NIAH | VT | average |" in md
     assert "| rove | n/a | 2.75 ± 0.05 | 2.50 ± 0.10 | 2.62 ± 0.08 |" in md
     assert "NIAH = mean of niah_single_1" in md
-    assert "- fwe@512: fwe cannot fit 512 tokens" in md
-    assert "Tasks (4 of 13 ran)" in md and "~~qa_squad~~ (no local file (--squad PATH))" in md
+    assert "- fwe@512 (plain): fwe cannot fit 512 tokens" in md
+    assert (
+        "Tasks (3 of 13 measured)" in md
+        and "~~fwe~~ (tried, never measured" in md
+        and "~~qa_squad~~ (no local file (--squad PATH))" in md
+    )
     assert "QA not run: no local SQuAD" in md
     assert "fewer than the default of 100" in md
     # per-variant detail below the groups

@@ -274,7 +274,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="checkpoint folder or run folder (its latest checkpoint)")
     p.add_argument("--out", help="JSON output file (default: CHECKPOINT/eval.json)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--quiet", "--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     g = p.add_argument_group("perplexity vs length")
     g.add_argument("--no-ppl", dest="ppl", action="store_false", help="skip perplexity")
     g.add_argument("--ppl-lengths", type=int, nargs="+", help="lengths (default: multiples)")

@@ -174,8 +174,9 @@ def perplexity_vs_length(
             if key not in cache:
                 wanted = n_windows_for(length, max_tokens_per_length, min_windows)
                 cache[key] = _run_one(
-                    model, tokens, length, kind, wanted, batch_size, n_position_buckets, progress
-                )
+                    model, tokens, length, kind, wanted, min_windows, batch_size,
+                    n_position_buckets, progress,
+                )  # fmt: skip
             per_length[length] = {**cache[key], "scaling": kind, "factor": factor}
         results["none" if kind is None else kind] = per_length
     return {"block_size": block, "n_stream_tokens": len(tokens), "results": results}
@@ -187,6 +188,7 @@ def _run_one(
     length: int,
     kind: str | None,
     wanted: int,
+    min_windows: int,
     batch_size: int,
     n_buckets: int,
     progress: bool,
@@ -195,10 +197,10 @@ def _run_one(
     bs = max(1, batch_size * model.config.block_size // length)
     starts = window_starts(len(tokens), length, wanted)
     note = None
-    if 0 < len(starts) < wanted:
+    if 0 < len(starts) < min_windows:
         note = (
-            f"{len(starts)} of {wanted} windows: the stream of {len(tokens)} tokens holds no more "
-            f"at length {length}"
+            f"{len(starts)} windows, fewer than the {min_windows} asked: the stream of "
+            f"{len(tokens)} tokens holds no more at length {length}"
         )
     empty = {"ppl": None, "ppl_ci": None, "loss": None, "window_loss": None, "n_windows": 0,
              "n_tokens": 0, "batch_size": bs, "position_buckets": None, "position_loss": None,

@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
 from rove.report.records import ruler_groups, ruler_lengths
 from rove.report.stats import summarize
@@ -119,7 +119,7 @@ def ppl_figure(runs: list[dict]) -> plt.Figure:
             ax.plot(
                 xs, mean, color=style["color"], marker=style["marker"], ms=5,
                 ls="-" if j == 0 else LINESTYLES[1 + (j - 1) % 3],
-                mfc=style["color"] if j == 0 else "white", label=label + suffix,
+                mfc=style["color"] if j == 0 else "none", label=label + suffix,
             )  # fmt: skip
             ax.fill_between(xs, mean - std, mean + std, color=style["color"], alpha=0.12, lw=0)
     ax.set_xscale("log", base=2)
@@ -205,7 +205,8 @@ def plot_ruler(runs: list[dict], path: Path) -> Path:
 def plot_training_curves(runs: list[dict], path: Path) -> Path:
     """Training and validation loss vs tokens (one panel each), mean over seeds, spread shaded.
 
-    The y range leaves out the first 10% of training (the initial loss would flatten the rest).
+    With many points the y range leaves out the first 10% of training (the initial loss would
+    flatten the rest).
     """
     return _save(training_figure(runs), path)
 
@@ -238,12 +239,14 @@ def training_figure(runs: list[dict]) -> plt.Figure:
                 markevery=max(1, len(xs) // 12), label=label,
             )  # fmt: skip
             ax.fill_between(xs, mean - std, mean + std, color=style["color"], alpha=0.12, lw=0)
+            # many points: leave the first 10% (the initial loss) out of the y range
             late = [m for x, m in zip(xs, mean, strict=True) if x >= 0.1 * xs[-1]]
-            shown += late or list(mean)
+            shown += late if len(xs) >= 10 and late else list(mean)
         if shown:
             lo, hi = min(shown), max(shown)
             pad = 0.05 * (hi - lo) or 0.05 * abs(hi) or 0.1
             ax.set_ylim(lo - pad, hi + pad)
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         ax.set(xlabel="training tokens", ylabel="loss (nats/token)", title=title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)

@@ -220,9 +220,17 @@ def _ruler_section(runs: list[dict]) -> list[str]:
         "",
     ]
     ran = sorted({t.split(" +")[0] for r in runs for t in ruler_cells(r)})
+    measured = {
+        t.split(" +")[0]
+        for r in runs
+        for t, cells in ruler_cells(r).items()
+        if any(c.get("nll") is not None for c in cells.values())
+    }
     not_run = {t: why for r in runs for t, why in r.get("ruler_not_run", {}).items()}
-    status = [t if t in ran else f"~~{t}~~ ({not_run.get(t, 'not run')})" for t in RULER_TASKS]
-    lines += [f"Tasks ({len(ran)} of {len(RULER_TASKS)} ran): {', '.join(status)}.", ""]
+    for t in set(ran) - measured:
+        not_run[t] = "tried, never measured: see below"
+    status = [t if t in measured else f"~~{t}~~ ({not_run.get(t, 'not run')})" for t in RULER_TASKS]
+    lines += [f"Tasks ({len(measured)} of {len(RULER_TASKS)} measured): {', '.join(status)}.", ""]
     if any(
         t in not_run and not_run[t].startswith("no local file") for t in ("qa_squad", "qa_hotpot")
     ):
@@ -269,15 +277,18 @@ def _ruler_section(runs: list[dict]) -> list[str]:
         ]
         header = ["variant", *[lab + ("" if k == "none" else f" +{k}") for lab, k in heads]]
         lines += [f"Per-variant answer NLL at {n} tokens:", "", *_table(header, rows), ""]
-    failed = _reasons(
-        runs,
-        lambda r: {
-            f"{t}@{m}" + ("" if k == "none" else f" +{k}"): c.get("error")
-            for k, tasks in r.get("ruler", {}).items()
-            for t, cells in tasks.items()
-            for m, c in cells.items()
-        },
-    )
+    why: dict[tuple[str, str], list[str]] = {}  # (task@length, reason) -> scalings
+    for r in runs:
+        for k, tasks in r.get("ruler", {}).items():
+            for t, cells in tasks.items():
+                for m, c in cells.items():
+                    if c.get("error"):
+                        seen = why.setdefault((f"{t}@{m}", c["error"]), [])
+                        seen += [] if k in seen else [k]
+    failed = [
+        f"- {cell} ({', '.join('plain' if k == 'none' else '+' + k for k in ks)}): {reason}"
+        for (cell, reason), ks in why.items()
+    ]
     if failed:
         lines += ["Not measured:", "", *failed, ""]
     return lines
