@@ -229,8 +229,16 @@ def _ruler_section(runs: list[dict]) -> list[str]:
     not_run = {t: why for r in runs for t, why in r.get("ruler_not_run", {}).items()}
     for t in set(ran) - measured:
         not_run[t] = "tried, never measured: see below"
-    status = [t if t in measured else f"~~{t}~~ ({not_run.get(t, 'not run')})" for t in RULER_TASKS]
-    lines += [f"Tasks ({len(measured)} of {len(RULER_TASKS)} measured): {', '.join(status)}.", ""]
+    by_reason: dict[str, list[str]] = {}
+    for t in RULER_TASKS:
+        if t not in measured:
+            by_reason.setdefault(not_run.get(t, "not run"), []).append(t)
+    lines += [
+        f"Tasks measured ({len(measured)} of the {len(RULER_TASKS)} RULER tasks): "
+        f"{', '.join(t for t in RULER_TASKS if t in measured) or 'none'}."
+        + "".join(f" Not run, {why}: {', '.join(ts)}." for why, ts in by_reason.items()),
+        "",
+    ]
     if any(
         t in not_run and not_run[t].startswith("no local file") for t in ("qa_squad", "qa_hotpot")
     ):
