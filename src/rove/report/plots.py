@@ -234,9 +234,11 @@ def training_figure(runs: list[dict]) -> plt.Figure:
             mean = np.array([s.mean for s in stats])
             std = np.array([s.std for s in stats])
             style = _style(i)
+            # markers at interleaved points, so a curve under another stays visible
+            every, n_methods = max(1, len(xs) // 12), len(_labels(runs))
             ax.plot(
                 xs, mean, color=style["color"], ls=style["ls"], marker=style["marker"], ms=4,
-                markevery=max(1, len(xs) // 12), label=label,
+                markevery=(i * every // n_methods, every), label=label,
             )  # fmt: skip
             ax.fill_between(xs, mean - std, mean + std, color=style["color"], alpha=0.12, lw=0)
             # many points: leave the first 10% (the initial loss) out of the y range
