@@ -109,6 +109,18 @@ def _finite(value: float | None) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
+def _ruler_not_run(cfg: EvalConfig) -> dict[str, str]:
+    """Why each of the 13 RULER tasks absent from ``cfg.ruler_tasks`` did not run."""
+    flags = {"qa_squad": "--squad", "qa_hotpot": "--hotpotqa"}
+    return {
+        t: f"no local file ({flags[t]} PATH)"
+        if t in flags and t not in cfg.qa_paths
+        else "not in the task list (--ruler-tasks)"
+        for t in RULER_TASKS
+        if t not in cfg.ruler_tasks
+    }
+
+
 def evaluate_model(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -117,7 +129,11 @@ def evaluate_model(
     *,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Every enabled evaluation of ``model`` on held-out ``tokens`` (1-D), as one record."""
+    """Every enabled evaluation of ``model`` on held-out ``tokens`` (1-D), as one record.
+
+    Progress bars appear only on a terminal: in a log file tqdm is ``\r`` noise.
+    """
+    progress = progress and sys.stderr.isatty()
     train_len = model.config.block_size
     record: dict[str, Any] = {"train_len": train_len}
     if cfg.ppl:
@@ -215,18 +231,6 @@ def evaluate_model(
             progress=progress,
         )
     return record
-
-
-def _ruler_not_run(cfg: EvalConfig) -> dict[str, str]:
-    """Why each of the 13 RULER tasks absent from ``cfg.ruler_tasks`` did not run."""
-    flags = {"qa_squad": "--squad", "qa_hotpot": "--hotpotqa"}
-    return {
-        t: f"no local file ({flags[t]} PATH)"
-        if t in flags and t not in cfg.qa_paths
-        else "not in the task list (--ruler-tasks)"
-        for t in RULER_TASKS
-        if t not in cfg.ruler_tasks
-    }
 
 
 def evaluate_checkpoint(
@@ -333,8 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         core_max_per_task=args.core_max_per_task,
         seed=args.seed,
     )
-    bars = not args.quiet and sys.stderr.isatty()  # tqdm in a log file is \r noise
-    record = evaluate_checkpoint(args.checkpoint, cfg, device=args.device, progress=bars)
+    record = evaluate_checkpoint(args.checkpoint, cfg, device=args.device, progress=not args.quiet)
     out = Path(args.out) if args.out else Path(args.checkpoint) / "eval.json"
     write_json_atomic(out, record)
     print(f"wrote {out}")
