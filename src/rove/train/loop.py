@@ -246,7 +246,7 @@ def _prepare_data(cfg: TrainConfig, info: DistInfo, progress: bool) -> tuple[Pat
             workers=1
             if cfg.tokenizer == "byte"
             else None,  # bytes: a pool costs more than it saves
-            progress=progress,
+            progress=progress and sys.stderr.isatty(),
         )
     barrier(info)
     manifest = load_manifest(data_dir)
@@ -292,6 +292,8 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
 
 def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) -> Path:
     started = time.perf_counter()
+    # a bar only on a terminal (in a file it is \r noise); otherwise one log line per validation
+    show_bar = progress and info.is_main and sys.stderr.isatty()
     grad_accum = cfg.grad_accum_steps(info.world_size)
     run_dir = Path(cfg.out_dir) / cfg.run_name
     latest = latest_checkpoint(run_dir) if resume and run_dir.is_dir() else None
@@ -300,9 +302,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
             f"{run_dir} already holds a run; resume it (resume=True, --resume) or choose "
             "another run_name / out_dir"
         )
-    # a bar only on a terminal (in a file it is \r noise); otherwise one log line per validation
-    show_bar = progress and info.is_main and sys.stderr.isatty()
-    data_dir, tok_identity = _prepare_data(cfg, info, show_bar)
+    data_dir, tok_identity = _prepare_data(cfg, info, progress)
     model_cfg = build_model_config(cfg, vocab_size=tok_identity["vocab_size"])
     amp = autocast_dtype(cfg.dtype, info.device)
 
