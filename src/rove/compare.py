@@ -16,9 +16,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import logging
 import platform
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,11 +214,6 @@ def _print_done(report: Path) -> None:
     print(report.read_text().split("## Main results")[0].split("## What we found")[-1].strip())
 
 
-def _bars(quiet: bool) -> bool:
-    """Progress bars only on a terminal; elsewhere training logs one line per validation."""
-    return not quiet and sys.stderr.isatty()
-
-
 def demo_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="rove demo",
@@ -229,10 +222,9 @@ def demo_main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="2-minute smoke version")
     p.add_argument("--out", help="output folder (default runs/demo, or runs/demo-quick)")
-    p.add_argument("--quiet", "--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")  # a line per validation
-    report = run_compare(demo_config(args.quick, args.out), progress=_bars(args.quiet))
+    report = run_compare(demo_config(args.quick, args.out), progress=not args.quiet)
     _print_done(report)
     return 0
 
@@ -250,11 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         "--train", action="append", default=[], metavar="KEY=VALUE",
         help="TrainConfig field shared by all runs (JSON value), e.g. --train preset=gpt2-124m",
     )  # fmt: skip
-    p.add_argument("--report-only", action="store_true", help="rebuild report.md from results.json")
     p.add_argument("--core-bundle", help="local DCLM eval bundle folder: also run CORE")
-    p.add_argument("--quiet", "--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--report-only", action="store_true", help="rebuild report.md from results.json")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")  # a line per validation
     data = json.loads(Path(args.config).read_text()) if args.config else {}
     if "eval" in data:
         data["eval"] = EvalConfig(**data["eval"])
@@ -262,8 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.positions = args.positions or cfg.positions
     cfg.seeds = args.seeds or cfg.seeds
     cfg.out_dir = args.out or cfg.out_dir
-    if args.core_bundle:
-        cfg.eval.core_bundle = args.core_bundle
+    cfg.eval.core_bundle = args.core_bundle or cfg.eval.core_bundle
     for item in args.train:
         key, sep, value = item.partition("=")
         if not sep:
@@ -276,6 +266,6 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads((Path(cfg.out_dir) / RESULTS).read_text())
         print(f"wrote {write_report(results, cfg.out_dir)}")
         return 0
-    report = run_compare(cfg, progress=_bars(args.quiet))
+    report = run_compare(cfg, progress=not args.quiet)
     _print_done(report)
     return 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,6 @@ from rove.atomic import write_json_atomic
 from rove.eval.icl import ICL_TASKS, evaluate_icl
 from rove.eval.perplexity import perplexity_vs_length
 from rove.eval.ruler import RULER_TASKS, evaluate_ruler
-from rove.report.console import eval_summary_lines
 
 __all__ = ["DEFAULT_RULER_TASKS", "EvalConfig", "evaluate_checkpoint", "evaluate_model", "main"]
 
@@ -133,7 +131,9 @@ def evaluate_model(
 
     Progress bars appear only on a terminal: in a log file tqdm is ``\r`` noise.
     """
-    progress = progress and sys.stderr.isatty()
+    from rove.train.metrics import interactive
+
+    progress = progress and interactive()
     train_len = model.config.block_size
     record: dict[str, Any] = {"train_len": train_len}
     if cfg.ppl:
@@ -341,5 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path(args.checkpoint) / "eval.json"
     write_json_atomic(out, record)
     print(f"wrote {out}")
+    from rove.report.console import eval_summary_lines  # matplotlib-free, but only needed here
+
     print("\n".join(eval_summary_lines(record)))
     return 0

@@ -29,7 +29,6 @@ import logging
 import math
 import platform
 import random
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +74,7 @@ from rove.train.metrics import (
     SUMMARY_FILE,
     MetricsLogger,
     eval_line,
+    interactive,
     mfu,
     peak_bf16_flops,
     write_summary,
@@ -246,7 +246,7 @@ def _prepare_data(cfg: TrainConfig, info: DistInfo, progress: bool) -> tuple[Pat
             workers=1
             if cfg.tokenizer == "byte"
             else None,  # bytes: a pool costs more than it saves
-            progress=progress and sys.stderr.isatty(),
+            progress=progress and interactive(),
         )
     barrier(info)
     manifest = load_manifest(data_dir)
@@ -293,7 +293,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
 def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) -> Path:
     started = time.perf_counter()
     # a bar only on a terminal (in a file it is \r noise); otherwise one log line per validation
-    show_bar = progress and info.is_main and sys.stderr.isatty()
+    show_bar = progress and info.is_main and interactive()
     grad_accum = cfg.grad_accum_steps(info.world_size)
     run_dir = Path(cfg.out_dir) / cfg.run_name
     latest = latest_checkpoint(run_dir) if resume and run_dir.is_dir() else None
@@ -409,7 +409,6 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         return value
 
     train_time, timed_tokens, rate = 0.0, 0, None
-    last_val: float | None = None
     try:
         if step == 0 and cfg.eval_interval > 0:
             val0 = validate(0)
@@ -418,6 +417,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
                 log.info(eval_line(0, cfg.max_steps, loss=None, val_loss=val0, tok_per_s=None,
                                    elapsed_s=time.perf_counter() - started, eta_s=None))  # fmt: skip
         first_step, loop_start = step, time.perf_counter()
+        last_val: float | None = None
         while step < cfg.max_steps:
             lr = cfg.lr * lr_multiplier(
                 step,
@@ -466,12 +466,12 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
                 record["mfu"] = util
             if step == cfg.max_steps or (cfg.eval_interval and step % cfg.eval_interval == 0):
                 record["val_loss"] = validate(step)
+                if info.is_main and not show_bar:
+                    per_step = (time.perf_counter() - loop_start) / (step - first_step)
+                    log.info(eval_line(step, cfg.max_steps, loss=loss, val_loss=record["val_loss"],
+                                       tok_per_s=rate, elapsed_s=time.perf_counter() - started,
+                                       eta_s=per_step * (cfg.max_steps - step)))  # fmt: skip
             metrics.log(record)
-            if "val_loss" in record and info.is_main and not show_bar:
-                per_step = (time.perf_counter() - loop_start) / (step - first_step)
-                log.info(eval_line(step, cfg.max_steps, loss=loss, val_loss=record["val_loss"],
-                                   tok_per_s=rate, elapsed_s=time.perf_counter() - started,
-                                   eta_s=per_step * (cfg.max_steps - step)))  # fmt: skip
             if step == cfg.max_steps or (
                 cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
             ):
