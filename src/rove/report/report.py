@@ -201,7 +201,7 @@ def _ruler_section(runs: list[dict]) -> list[str]:
     """Group columns (the paper's layout) per length, then per-variant detail and what did not run."""
     lines = ["", "## RULER", ""]
     samples = sorted(
-        {c.get("n_samples") for cells in (ruler_cells(r) for r in runs)
+        {int(c["n_samples"]) for cells in (ruler_cells(r) for r in runs)
          for per in cells.values() for c in per.values() if c.get("n_samples")}
     )  # fmt: skip
     if samples:
