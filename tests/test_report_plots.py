@@ -67,3 +67,16 @@ def test_ruler_plot_only_panels_with_data(tmp_path) -> None:
     assert not has_ruler_data(runs)
     with pytest.raises(ValueError, match="no RULER value"):
         plot_ruler(runs, tmp_path / "empty.png")
+
+
+def test_position_loss_plot_uses_the_longest_common_length(tmp_path) -> None:
+    from rove.report.plots import longest_position_length, plot_position_loss
+
+    runs = _runs()
+    assert longest_position_length(runs) is None  # no curves: no figure
+    for r in runs:
+        curve = {"buckets": [[0, 128], [128, 256]], "loss": [2.0, 3.0]}
+        r["position_loss"] = {"none": {"256": curve, "512": curve}, "yarn": {"512": curve}}
+    runs[0]["position_loss"]["none"].pop("512")  # one run lacks 512: 256 is common to all
+    assert longest_position_length(runs) == 256
+    assert plot_position_loss(runs, tmp_path / "pos.png").stat().st_size > 1000

@@ -25,6 +25,8 @@ from rove.report.stats import summarize
 
 __all__ = [
     "has_ruler_data",
+    "longest_position_length",
+    "plot_position_loss",
     "plot_ppl_vs_length",
     "plot_ruler",
     "plot_training_curves",
@@ -135,6 +137,50 @@ def ppl_figure(runs: list[dict]) -> plt.Figure:
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+def longest_position_length(runs: list[dict]) -> int | None:
+    """The longest length with a loss-by-position curve in every run that has curves, or None."""
+    per_run = [
+        {int(n) for n, c in r.get("position_loss", {}).get("none", {}).items() if c.get("loss")}
+        for r in runs
+        if r.get("position_loss")
+    ]
+    common = set.intersection(*per_run) if per_run else set()
+    return max(common) if common else None
+
+
+def plot_position_loss(runs: list[dict], path: Path) -> Path:
+    """Loss by position inside the longest evaluated window, mean over seeds, per method and
+    scaling: where beyond the training length (marked) each model's loss turns up."""
+    length = longest_position_length(runs)
+    if length is None:
+        raise ValueError("no loss-by-position curve to plot")
+    train_len = runs[0]["train_len"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for i, label in enumerate(_labels(runs)):
+        group = [r for r in runs if r["label"] == label]
+        kinds = list(dict.fromkeys(k for r in group for k in r.get("position_loss", {})))
+        style = _style(i)
+        for j, kind in enumerate(kinds):
+            cells = [r["position_loss"].get(kind, {}).get(str(length)) for r in group]
+            cells = [c for c in cells if c and c.get("loss")]
+            if not cells:
+                continue
+            mids = [(a + b) / 2 for a, b in cells[0]["buckets"]]
+            mean = np.mean([c["loss"] for c in cells], axis=0)
+            ax.plot(
+                mids, mean, color=style["color"], marker=style["marker"], ms=4,
+                ls="-" if j == 0 else LINESTYLES[1 + (j - 1) % 3],
+                mfc=style["color"] if j == 0 else "none",
+                label=label + ("" if kind == "none" else f" + {kind}"),
+            )  # fmt: skip
+    _mark_train_len(ax, train_len)
+    ax.set(xlabel=f"position in a {length}-token window", ylabel="mean loss (nats/token)")
+    ax.set_title(f"Loss by position at {length} tokens (trained at {train_len}; mean over seeds)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
 
 
 def _ruler_bars(runs: list[dict]) -> dict[int, dict[tuple[str, str], dict[str, list]]]:

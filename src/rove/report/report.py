@@ -16,6 +16,8 @@ from rove.atomic import write_text_atomic
 from rove.eval.ruler import RULER_GROUPS, RULER_TASKS
 from rove.report.plots import (
     has_ruler_data,
+    longest_position_length,
+    plot_position_loss,
     plot_ppl_vs_length,
     plot_ruler,
     plot_training_curves,
@@ -460,6 +462,8 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
         figures["Perplexity vs length"] = plot_ppl_vs_length(
             runs, out_dir / "ppl_vs_length.png"
         ).name
+    if longest_position_length(runs) is not None:
+        figures["Loss by position"] = plot_position_loss(runs, out_dir / "position_loss.png").name
     if has_ruler_data(runs):
         figures["RULER groups"] = plot_ruler(runs, out_dir / "ruler.png").name
     if any(p.get("loss") is not None or p.get("val_loss") is not None
