@@ -56,6 +56,12 @@ def _log_y_ticks(ax: plt.Axes, n: int = 6) -> None:
     rather than ``1.25x10^1``): decade ticks alone leave a narrow range unlabelled."""
     lo, hi = ax.get_ylim()
     ticks = sorted({float(f"{v:.2g}") for v in np.geomspace(lo, hi, n)} - {0.0})
+    decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+    for mantissas in ((1, 2, 5), (1, 3), (1,)):  # round numbers when the range is wide
+        round_ticks = [m * 10.0**d for d in decades for m in mantissas if lo <= m * 10.0**d <= hi]
+        if 3 <= len(round_ticks) <= n + 2:
+            ticks = round_ticks
+            break
     ax.yaxis.set_major_locator(FixedLocator([t for t in ticks if lo <= t <= hi] or ticks))
     ax.yaxis.set_minor_locator(NullLocator())
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
