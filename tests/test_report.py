@@ -143,6 +143,10 @@ def test_three_seeds_report_tests_groups_and_reasons(tmp_path):
     assert "- none@512: ValueError: sequence of 512 exceeds 256 positions" in md
     assert "- kv_recall_mc: kv_recall_mc: even 4 examples exceed 32" in md
     assert "- CORE: not run: no bundle (pass --core-bundle DIR)" in md
+    assert (
+        "- Not measured: CORE (no bundle); RULER QA (no local SQuAD/HotpotQA files); "
+        "ICL kv_recall_mc (do not fit); reasons below." in md.split("## Main")[0]
+    )
     assert "Windows scored per length: 64: 32, 128: 32, 256: 32, 512: 0." in md
     path = write_report(three_seed_results(), tmp_path)
     assert (tmp_path / "ruler.png").stat().st_size > 1000 and path.is_file()

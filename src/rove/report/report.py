@@ -383,6 +383,22 @@ def _not_run(runs: list[dict]) -> list[str]:
     return list(out)
 
 
+def _gaps_line(runs: list[dict]) -> list[str]:
+    """One finding naming what was not measured at all (details in the sections below)."""
+    gaps = []
+    for line in _not_run(runs):  # "- CORE: not run: no bundle (pass ...)" -> "CORE (no bundle)"
+        name, _, why = line[2:].partition(": not run: ")
+        gaps.append(f"{name} ({why.split(' (')[0]})")
+    qa = {t for r in runs for t, why in r.get("ruler_not_run", {}).items()
+          if t.startswith("qa") and why.startswith("no local file")}  # fmt: skip
+    if qa:
+        gaps.append("RULER QA (no local SQuAD/HotpotQA files)")
+    skipped = sorted({t for r in runs for t in r.get("icl", {}).get("skipped", {})})
+    if skipped:
+        gaps.append(f"ICL {', '.join(skipped)} (do not fit)")
+    return [f"- Not measured: {'; '.join(gaps)}; reasons below."] if gaps else []
+
+
 def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
     """Markdown report of ``results``; ``figures`` maps captions to image file names."""
     runs = results["runs"]
@@ -403,6 +419,7 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         "",
         *(results.get("summary_lines") or []),
         *findings,
+        *_gaps_line(runs),
         "",
         f"With {len(seeds)} seed(s), a difference that is not consistent across seeds is within "
         "noise. Small CPU models trained for minutes are far from the paper's 124M/354M models "
