@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from rove.train import TrainConfig, train
-from rove.train import loop as loop_module
 from rove.train.metrics import eval_line, read_metrics
 
 
@@ -38,8 +37,7 @@ def one_thread():
 def test_a_line_per_validation_and_no_preparing_when_cached(
     tmp_path, monkeypatch, caplog, capsys, one_thread
 ):
-    data = tmp_path / "data"
-    monkeypatch.setattr(loop_module, "default_data_dir", lambda source, tok: data)
+    monkeypatch.setenv("ROVE_DATA_DIR", str(tmp_path / "data"))  # a fresh data cache
     cfg = dict(preset="nano", data="stdlib", tokenizer="byte", data_max_tokens=200_000,
                max_steps=6, warmup_steps=1, eval_interval=3, eval_tokens=1024,
                checkpoint_interval=0, dtype="fp32")  # fmt: skip
