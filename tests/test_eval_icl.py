@@ -101,3 +101,17 @@ def test_errors() -> None:
         generate_icl("sorting", 1, TOK, 128, 0)
     with pytest.raises(ValueError, match="exceed max_tokens"):
         generate_icl("kv_recall_mc", 1, TOK, 20, 0)
+
+
+def test_task_that_cannot_fit_is_skipped_alone() -> None:
+    # at 32 tokens kv_recall fits and kv_recall_mc does not (its choices need more room)
+    out = evaluate_icl(
+        CopyLM(block_size=128), TOK, ["kv_recall", "kv_recall_mc"], n_items=4, max_tokens=32
+    )
+    assert list(out["tasks"]) == ["kv_recall"]
+    assert "kv_recall_mc: even 4 examples exceed max_tokens=32" in out["skipped"]["kv_recall_mc"]
+    assert out["score"] == out["tasks"]["kv_recall"]["centered"]
+    none = evaluate_icl(CopyLM(block_size=128), TOK, ["kv_recall_mc"], n_items=4, max_tokens=20)
+    assert (
+        none["score"] is None and none["tasks"] == {} and list(none["skipped"]) == ["kv_recall_mc"]
+    )

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from rove.eval.perplexity import perplexity_vs_length, window_starts
+from rove.eval.perplexity import MIN_WINDOWS, n_windows_for, perplexity_vs_length, window_starts
+from rove.report.stats import bootstrap_mean_ci
 from test_eval_mocks import TableLM
 
 
@@ -31,7 +32,7 @@ def test_uniform_model_has_perplexity_vocab_size() -> None:
     tokens = np.random.default_rng(0).integers(0, 7, 500)
     out = perplexity_vs_length(
         model, tokens, [8, 16], scalings=(None,), max_tokens_per_length=64, batch_size=2,
-        n_position_buckets=4, progress=False,
+        min_windows=0, n_position_buckets=4, progress=False,
     )  # fmt: skip
     rec = out["results"]["none"][16]
     assert rec["ppl"] == pytest.approx(7.0, rel=1e-5)
@@ -100,3 +101,70 @@ def test_batch_shrinks_for_long_windows_16x() -> None:
     widths = {t: b for b, t in model.forward_shapes}
     assert widths[16 * block] == 1 and widths[block] == 8
     assert out["results"]["none"][16 * block]["ppl"] == pytest.approx(11.0, rel=1e-5)
+
+
+def test_window_budget_keeps_at_least_min_windows() -> None:
+    # the budget's share while it gives enough windows, then min_windows: 65536 tokens at 16k
+    # would be 4 windows; the rule asks for 32 (the budget grows to 32 * 16k tokens)
+    assert MIN_WINDOWS == 32
+    assert n_windows_for(512, 65536) == 128
+    assert n_windows_for(2048, 65536) == 32
+    assert n_windows_for(16384, 65536) == 32
+    assert n_windows_for(16384, 65536, min_windows=8) == 8
+    assert n_windows_for(100_000, 10, min_windows=0) == 1  # at least one window
+    with pytest.raises(ValueError, match="min_windows"):
+        n_windows_for(16, 64, min_windows=-1)
+
+
+def test_min_windows_used_and_short_stream_says_so() -> None:
+    model = TableLM(torch.zeros(7, 7), block_size=8)
+    tokens = np.random.default_rng(0).integers(0, 7, 16 * 40 + 1)
+    out = perplexity_vs_length(
+        model, tokens, [8, 16], scalings=(None,), max_tokens_per_length=64, batch_size=4,
+        min_windows=32, progress=False,
+    )  # fmt: skip
+    at8, at16 = out["results"]["none"][8], out["results"]["none"][16]
+    assert at8["n_windows"] == 32 and at8["note"] is None  # the budget alone gives 8
+    assert at16["n_windows"] == 32 and len(at16["window_loss"]) == 32
+    short = perplexity_vs_length(
+        model, tokens[:200], [16], scalings=(None,), max_tokens_per_length=64, batch_size=4,
+        min_windows=32, progress=False,
+    )["results"]["none"][16]  # fmt: skip
+    assert short["n_windows"] == 12 and "12 windows, fewer than the 32 asked" in short["note"]
+
+
+def test_bootstrap_interval_over_windows() -> None:
+    # a model whose loss differs between windows: the interval is the exp of scipy's bootstrap
+    # interval of the per-window mean losses, and it contains the point estimate
+    model = TableLM(torch.randn(9, 9, generator=torch.Generator().manual_seed(3)), block_size=8)
+    tokens = np.random.default_rng(4).integers(0, 9, 8 * 64 + 1)
+    rec = perplexity_vs_length(
+        model, tokens, [8], scalings=(None,), max_tokens_per_length=0, batch_size=8,
+        min_windows=40, progress=False,
+    )["results"]["none"][8]  # fmt: skip
+    losses = rec["window_loss"]
+    assert len(losses) == 40 and np.mean(losses) == pytest.approx(rec["loss"], rel=1e-9)
+    lo, hi = bootstrap_mean_ci(losses)
+    assert rec["ppl_ci"] == pytest.approx([math.exp(lo), math.exp(hi)])
+    assert rec["ppl_ci"][0] < rec["ppl"] < rec["ppl_ci"][1]
+
+
+def test_windows_cross_document_boundaries() -> None:
+    # Documents 0 1 2 3 joined by the separator 4. The bigram model knows every transition,
+    # including 3 -> 4 (end of document) and 4 -> 0 (start of the next), with probability 1/2.
+    # If windows stopped at document ends or skipped the separator target, the windows would
+    # not be these contiguous slices and the loss would not be exactly log 2 per token.
+    eot = 4
+    probs = torch.full((5, 5), 0.125)
+    for a, b in ((0, 1), (1, 2), (2, 3), (3, eot), (eot, 0)):
+        probs[a, b] = 0.5
+    model = TableLM(torch.log(probs), block_size=8)
+    tokens = np.tile([0, 1, 2, 3, eot], 40)  # 40 documents of 4 tokens, shorter than a window
+    rec = perplexity_vs_length(
+        model, tokens, [16], scalings=(None,), max_tokens_per_length=0, batch_size=4,
+        min_windows=12, progress=False,
+    )["results"]["none"][16]  # fmt: skip
+    assert rec["n_windows"] == 12  # windows of 16 tokens exist although documents hold 4
+    assert rec["ppl"] == pytest.approx(2.0, rel=1e-6)
+    starts = window_starts(len(tokens), 16, 12)
+    assert any(eot in tokens[s : s + 17] for s in starts)

@@ -193,8 +193,8 @@ def test_evaluate_ruler_with_copy_and_uniform_models() -> None:
     out = ruler.evaluate_ruler(uniform, TOK, tasks, lengths, 2, 0, CORPUS, progress=False)
     rec = out["results"]["niah_single_1"][320]
     assert rec["nll"] == pytest.approx(math.log(257), rel=1e-5) and rec["accuracy"] == 0.0
-    assert list(out["family_nll"]) == ["niah"]
-    assert out["family_nll"]["niah"][320] == pytest.approx(math.log(257), rel=1e-5)
+    assert list(out["group_nll"]) == ["NIAH", "average"]
+    assert out["group_nll"]["NIAH"][320] == pytest.approx(math.log(257), rel=1e-5)
 
 
 def test_evaluate_ruler_scaling_and_length_errors() -> None:
@@ -208,4 +208,16 @@ def test_evaluate_ruler_scaling_and_length_errors() -> None:
     assert res[320]["error"] is None
     assert res[400]["nll"] is None and "positions" in res[400]["error"]
     assert "cannot fit" in res[160]["error"]  # too short for the prompt: recorded, not raised
-    assert out["family_nll"]["niah"] == {160: None, 320: pytest.approx(math.log(257)), 400: None}
+    assert out["group_nll"]["NIAH"] == {160: None, 320: pytest.approx(math.log(257)), 400: None}
+
+
+def test_group_means_follow_the_papers_columns() -> None:
+    # every one of the 13 tasks is in exactly one group
+    members = [t for g in ruler.RULER_GROUPS.values() for t in g]
+    assert sorted(members) == sorted(ruler.RULER_TASKS)
+    vals = {"niah_single_1": 2.0, "niah_multikey_1": 4.0, "niah_single_2": None, "vt": 1.0,
+            "cwe": None, "fwe": 5.0, "qa_squad": None}  # fmt: skip
+    g = ruler.group_means(vals)
+    # NIAH: mean of its measured variants; CWE: fwe only; QA: asked but nothing measured
+    assert g == {"CWE": 5.0, "NIAH": 3.0, "QA": None, "VT": 1.0, "average": 3.0}
+    assert ruler.group_means({"vt": None}) == {"VT": None, "average": None}

@@ -74,7 +74,9 @@ def test_findings_say_when_rove_loses(results):
     assert "PPL@256: rove is better in every seed vs rope" in md
     assert "ICL centered acc: rove is worse in every seed vs rope" in md
     assert "PPL@64: rove is better in 1, worse in 1 of 2 seeds (not consistent)" in md
-    assert "| RULER vt@512 NLL | rove - rope | -0.750 ± 0.354 |" in md
+    assert "| RULER VT@512 NLL | rove - rope | -0.750 ± 0.354 |" in md
+    # two seeds: an interval, but no test, said plainly
+    assert "| PPL@256 | rove - rope | -10.000 ± 0.000 | [-10.000, -10.000] | n < 3: no test |" in md
 
 
 def test_write_report_with_plots(results, tmp_path):
@@ -88,3 +90,71 @@ def test_write_report_with_plots(results, tmp_path):
 def test_empty_results_rejected():
     with pytest.raises(ValueError, match="no runs"):
         render_report({"runs": []})
+
+
+def three_seed_results() -> dict:
+    """Three seeds; RULER with two NIAH variants, a failed cell, fwe (CWE group) and yarn; one
+    ICL task skipped; one perplexity length the model could not run."""
+    runs = []
+    for seed, (d_ppl, d_nll) in enumerate([(-1.0, -0.5), (-2.0, -0.4), (-0.5, -0.6)]):
+        for label, k in (("rope", 0.0), ("rove", 1.0)):
+            rec = run(label, seed, {64: 10.0 + seed, 128: 8.0 + k * d_ppl, 256: 30.0},
+                      {256: 12.0 + k * d_ppl}, 0.1, 3.0 + k * d_nll)  # fmt: skip
+            rec["ppl"]["512"] = None
+            rec["ppl_errors"] = {"none@512": "ValueError: sequence of 512 exceeds 256 positions"}
+            rec["ppl_ci"] = {"none": {"128": [7.5, 8.5]}}
+            rec["ppl_windows"] = {"64": 32, "128": 32, "256": 32, "512": 0}
+            cells = rec["ruler"]["none"]
+            cells["niah_single_1"] = {"512": {"nll": 4.0 + k * d_nll, "accuracy": 0.0,
+                                              "n_samples": 10, "error": None}}  # fmt: skip
+            cells["niah_multikey_1"] = {"512": {"nll": 2.0, "accuracy": 0.0, "n_samples": 10,
+                                                "error": None}}  # fmt: skip
+            cells["fwe"] = {"512": {"nll": None, "accuracy": None, "n_samples": 0,
+                                    "error": "fwe cannot fit 512 tokens"}}  # fmt: skip
+            rec["ruler"]["yarn"] = {"vt": {"512": {"nll": 2.5, "accuracy": 0.1, "n_samples": 10,
+                                                   "error": None}}}  # fmt: skip
+            rec["ruler_not_run"] = {"qa_squad": "no local file (--squad PATH)"}
+            rec["icl"]["skipped"] = {"kv_recall_mc": "kv_recall_mc: even 4 examples exceed 32"}
+            rec["not_run"] = {"core": "no bundle (pass --core-bundle DIR)"}
+            runs.append(rec)
+    return {"title": "three seeds", "config": {"baseline": "rope"}, "runs": runs}
+
+
+def test_three_seeds_report_tests_groups_and_reasons(tmp_path):
+    from scipy import stats as sps
+
+    md = render_report(three_seed_results())
+    # paired t with df and p-value equal to scipy's on the per-seed PPL@128 values
+    ref = sps.ttest_rel([7.0, 6.0, 7.5], [8.0, 8.0, 8.0])
+    assert f"t(2) = {ref.statistic:+.2f}, p = {ref.pvalue:.2g}; Wilcoxon p = 0.25" in md
+    # the paper's group columns; NIAH averages its two variants, CWE says n/a with the reason
+    assert "| method | CWE | NIAH | VT | average |" in md
+    assert "| rove | n/a | 2.75 ± 0.05 | 2.50 ± 0.10 | 2.62 ± 0.08 |" in md
+    assert "NIAH = mean of niah_single_1" in md
+    assert "- fwe@512 (plain): fwe cannot fit 512 tokens" in md
+    assert "Tasks measured (3 of the 13 RULER tasks): niah_single_1, niah_multikey_1, vt." in md
+    assert "Not run, tried, never measured: see below: fwe." in md
+    assert "Not run, no local file (--squad PATH): qa_squad." in md
+    assert "QA not run: no local SQuAD" in md
+    assert "fewer than the default of 100" in md
+    # per-variant detail below the groups
+    assert "| niah_single_1 | 4.00 ± 0.00 | 3.50 ± 0.10 | n/a | n/a |" in md
+    # every gap says why, in one line
+    assert "- none@512: ValueError: sequence of 512 exceeds 256 positions" in md
+    assert "- kv_recall_mc: kv_recall_mc: even 4 examples exceed 32" in md
+    assert "- CORE: not run: no bundle (pass --core-bundle DIR)" in md
+    assert (
+        "- Not measured: CORE (no bundle); RULER QA (no local SQuAD/HotpotQA files); "
+        "ICL kv_recall_mc (do not fit); reasons below." in md.split("## Main")[0]
+    )
+    assert "Windows scored per length: 64: 32, 128: 32, 256: 32, 512: 0." in md
+    path = write_report(three_seed_results(), tmp_path)
+    assert (tmp_path / "ruler.png").stat().st_size > 1000 and path.is_file()
+
+
+def test_one_seed_cells_show_window_interval():
+    res = three_seed_results()
+    res["runs"] = [r for r in res["runs"] if r["seed"] == 0]
+    md = render_report(res)
+    assert "| rope | 0.1000 | 10.00 | 8.00 [7.50, 8.50] |" in md
+    assert "n < 2: no interval" in md and "n < 3: no test" in md

@@ -7,6 +7,7 @@ Subcommands are imported only when called, so ``rove --help`` is instant and imp
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             print("usage: rove data prepare [options]", file=sys.stderr)
             return 2
         rest = rest[1:]
+    # progress messages (e.g. a line per validation when not on a terminal) go to stderr
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     module = importlib.import_module(COMMANDS[command][0])
     return int(getattr(module, ENTRY.get(command, "main"))(rest) or 0)
 

@@ -331,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "--train", action="append", default=[], metavar="KEY=VALUE",
         help="TrainConfig field shared by all runs (JSON value), e.g. --train preset=gpt2-124m",
     )  # fmt: skip
+    p.add_argument("--core-bundle", help="local DCLM eval bundle folder: also run CORE")
     p.add_argument("--report-only", action="store_true", help="rebuild report.md from results.json")
     p.add_argument(
         "--force", action="store_true",
@@ -345,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.positions = args.positions or cfg.positions
     cfg.seeds = args.seeds or cfg.seeds
     cfg.out_dir = args.out or cfg.out_dir
+    cfg.eval.core_bundle = args.core_bundle or cfg.eval.core_bundle
     for item in args.train:
         key, sep, value = item.partition("=")
         if not sep:

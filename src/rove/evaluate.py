@@ -9,9 +9,13 @@ The record it returns is the per-model entry of ``rove compare``'s ``results.jso
 
     {"ppl": {"256": 7.1, ...},                        # no scaling, by length
      "ppl_scaled": {"yarn": {"256": 6.3, ...}},       # lengths beyond training only
-     "position_loss": {"none": {"2048": {...}}},      # loss by position bucket, longest length
-     "ruler": {"none": {task: {"512": {"nll", "accuracy"}}}, "yarn": {...}},
-     "icl": {"mean_centered": 0.1, "tasks": {...}}, "core": {...}}
+     "ppl_ci": {"none": {"256": [6.9, 7.3]}, ...},    # bootstrap 95% interval over windows
+     "ppl_windows": {"256": 32, ...},                 # windows scored per length
+     "position_loss": {"none": {"2048": {...}}},      # loss by position bucket, every length
+     "ruler": {"none": {task: {"512": {"nll", "accuracy", "n_samples", "error"}}}, "yarn": {...}},
+     "ruler_not_run": {task: reason},                 # the 13 RULER tasks that did not run
+     "icl": {"mean_centered": 0.1, "tasks": {...}, "skipped": {task: reason}},
+     "core": {...}, "not_run": {"core": "no bundle ..."}}
 """
 
 from __future__ import annotations
@@ -64,13 +68,14 @@ class EvalConfig:
     ppl_multiples: list[float] = field(default_factory=lambda: [0.5, 1, 2, 4, 8, 16])
     ppl_lengths: list[int] | None = None  # explicit lengths (override the multiples)
     scalings: list[str] = field(default_factory=lambda: ["yarn"])  # also evaluated beyond train_len
-    ppl_tokens: int = 65536  # scored tokens per length (at least one window)
+    ppl_tokens: int = 65536  # scored tokens per length, raised to reach ppl_min_windows
+    ppl_min_windows: int = 32  # windows per length at least (while the stream holds them)
     batch_size: int = 8  # windows per forward at the training length (shrinks with length)
     ruler: bool = True  # RULER answer NLL + greedy accuracy
     ruler_tasks: list[str] = field(default_factory=lambda: list(DEFAULT_RULER_TASKS))
     ruler_multiples: list[float] = field(default_factory=lambda: [4, 8])  # paper: 4k, 8k at 1k
     ruler_lengths: list[int] | None = None
-    ruler_samples: int = 20  # samples per task and length
+    ruler_samples: int = 100  # samples per task and length (GPU scale; the CPU demo uses fewer)
     ruler_scalings: list[str] = field(default_factory=lambda: ["none", "yarn"])
     qa_paths: dict[str, str] = field(default_factory=dict)  # {"qa_squad": path, "qa_hotpot": path}
     icl: bool = True  # offline synthetic few-shot suite
@@ -82,6 +87,14 @@ class EvalConfig:
     seed: int = 0  # seeds task generation (the same for every model compared)
 
     def __post_init__(self) -> None:
+        bad_qa = sorted(set(self.qa_paths) - {"qa_squad", "qa_hotpot"})
+        if bad_qa:
+            raise ValueError(f"unknown qa_paths key(s) {bad_qa}; use qa_squad, qa_hotpot")
+        # a QA task whose local file is given runs without being listed
+        self.ruler_tasks = [
+            *self.ruler_tasks,
+            *(t for t in self.qa_paths if t not in self.ruler_tasks),
+        ]
         unknown = sorted(set(self.ruler_tasks) - set(RULER_TASKS))
         if unknown:
             raise ValueError(f"unknown RULER task(s) {unknown}; choose from {RULER_TASKS}")
@@ -104,6 +117,18 @@ def _finite(value: float | None) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
+def _ruler_not_run(cfg: EvalConfig) -> dict[str, str]:
+    """Why each of the 13 RULER tasks absent from ``cfg.ruler_tasks`` did not run."""
+    flags = {"qa_squad": "--squad", "qa_hotpot": "--hotpotqa"}
+    return {
+        t: f"no local file ({flags[t]} PATH)"
+        if t in flags and t not in cfg.qa_paths
+        else "not in the task list (--ruler-tasks)"
+        for t in RULER_TASKS
+        if t not in cfg.ruler_tasks
+    }
+
+
 def evaluate_model(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -112,7 +137,13 @@ def evaluate_model(
     *,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Every enabled evaluation of ``model`` on held-out ``tokens`` (1-D), as one record."""
+    """Every enabled evaluation of ``model`` on held-out ``tokens`` (1-D), as one record.
+
+    Progress bars appear only on a terminal: in a log file tqdm is ``\r`` noise.
+    """
+    from rove.train.metrics import interactive
+
+    progress = progress and interactive()
     train_len = model.config.block_size
     record: dict[str, Any] = {"train_len": train_len}
     if cfg.ppl:
@@ -123,6 +154,7 @@ def evaluate_model(
             lengths,
             scalings=[None, *cfg.scalings],
             max_tokens_per_length=cfg.ppl_tokens,
+            min_windows=cfg.ppl_min_windows,
             batch_size=cfg.batch_size,
             progress=progress,
         )["results"]
@@ -131,13 +163,12 @@ def evaluate_model(
             kind: {str(n): _finite(r["ppl"]) for n, r in out[kind].items() if n > train_len}
             for kind in cfg.scalings
         }
-        longest = max(lengths)
+        record["ppl_ci"] = {k: {str(n): r["ppl_ci"] for n, r in c.items()} for k, c in out.items()}
+        record["ppl_windows"] = {str(n): r["n_windows"] for n, r in out["none"].items()}
         record["position_loss"] = {
             kind: {
-                str(longest): {
-                    "buckets": cells[longest]["position_buckets"],
-                    "loss": cells[longest]["position_loss"],
-                }
+                str(n): {"buckets": r["position_buckets"], "loss": r["position_loss"]}
+                for n, r in cells.items()
             }
             for kind, cells in out.items()
         }
@@ -146,6 +177,9 @@ def evaluate_model(
         }
         if errors:
             record["ppl_errors"] = errors
+        notes = {f"{n}": r["note"] for n, r in out["none"].items() if r["note"]}
+        if notes:
+            record["ppl_notes"] = notes
     if cfg.ruler:
         lengths = cfg.lengths(train_len, cfg.ruler_lengths, cfg.ruler_multiples)
         record["ruler"] = {}
@@ -167,26 +201,35 @@ def evaluate_model(
                     str(n): {
                         "nll": _finite(r["nll"]),
                         "accuracy": r["accuracy"],
+                        "n_samples": r["n_samples"],
                         "error": r["error"],
                     }
                     for n, r in cells.items()
                 }
                 for task, cells in out["results"].items()
             }
+        record["ruler_not_run"] = _ruler_not_run(cfg)
     if cfg.icl:
-        try:
-            out = evaluate_icl(
-                model,
-                tokenizer,
-                cfg.icl_tasks,
-                n_items=cfg.icl_items,
-                max_tokens=cfg.icl_max_tokens,
-                seed=cfg.seed,
-                progress=False,
-            )
-            record["icl"] = {"mean_centered": out["score"], "tasks": out["tasks"]}
-        except ValueError as err:  # prompts cannot fit: say so instead of losing the other results
-            record["icl"] = {"error": f"{err} (raise --icl-max-tokens)"}
+        out = evaluate_icl(
+            model,
+            tokenizer,
+            cfg.icl_tasks,
+            n_items=cfg.icl_items,
+            max_tokens=cfg.icl_max_tokens,
+            seed=cfg.seed,
+            progress=False,
+        )
+        skipped = {t: f"{why} (raise --icl-max-tokens)" for t, why in out["skipped"].items()}
+        record["icl"] = {"mean_centered": out["score"], "tasks": out["tasks"], "skipped": skipped}
+        if not out["tasks"]:
+            record["icl"]["error"] = "no ICL task fits: " + "; ".join(skipped.values())
+    record["not_run"] = {
+        name: f"disabled (--no-{name})"
+        for name in ("ppl", "ruler", "icl")
+        if not getattr(cfg, name)
+    }
+    if not cfg.core_bundle:
+        record["not_run"]["core"] = "no bundle (pass --core-bundle DIR, a local DCLM eval bundle)"
     if cfg.core_bundle:
         from rove.eval.core import evaluate_core
 
@@ -262,13 +305,17 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     g.add_argument("--scalings", nargs="*", default=["yarn"], help="yarn ntk linear dynamic-ntk")
     g.add_argument("--ppl-tokens", type=int, default=65536, help="scored tokens per length")
+    g.add_argument(
+        "--ppl-min-windows", type=int, default=32,
+        help="windows per length at least (raises the token budget for long lengths)",
+    )  # fmt: skip
     g.add_argument("--batch-size", type=int, default=8, help="windows per forward at train length")
     g = p.add_argument_group("RULER")
     g.add_argument("--no-ruler", dest="ruler", action="store_false", help="skip RULER")
     g.add_argument("--ruler-tasks", nargs="+", default=list(DEFAULT_RULER_TASKS), help="tasks")
     g.add_argument("--ruler-lengths", type=int, nargs="+", help="lengths (default: multiples)")
     g.add_argument("--ruler-multiples", type=float, nargs="+", default=[4, 8], help="x train len")
-    g.add_argument("--ruler-samples", type=int, default=20, help="samples per task and length")
+    g.add_argument("--ruler-samples", type=int, default=100, help="samples per task and length")
     g.add_argument("--squad", help="local SQuAD v2 json (enables qa_squad)")
     g.add_argument("--hotpotqa", help="local HotpotQA json (enables qa_hotpot)")
     g = p.add_argument_group("few-shot")
@@ -292,9 +339,10 @@ def main(argv: list[str] | None = None) -> int:
         ppl_lengths=args.ppl_lengths,
         scalings=args.scalings,
         ppl_tokens=args.ppl_tokens,
+        ppl_min_windows=args.ppl_min_windows,
         batch_size=args.batch_size,
         ruler=args.ruler,
-        ruler_tasks=args.ruler_tasks + list(qa_paths),
+        ruler_tasks=list(args.ruler_tasks),
         ruler_multiples=args.ruler_multiples,
         ruler_lengths=args.ruler_lengths,
         ruler_samples=args.ruler_samples,
@@ -317,12 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rove eval: error: {err}", file=sys.stderr)
         return 1
     print(f"wrote {out}")
-    for n, ppl in record.get("ppl", {}).items():
-        scaled = {k: v.get(n) for k, v in record.get("ppl_scaled", {}).items() if v.get(n)}
-        extra = "".join(f"  +{k}: {v:.2f}" for k, v in scaled.items())
-        print(f"  ppl@{n}: {ppl:.2f}{extra}" if ppl is not None else f"  ppl@{n}: n/a{extra}")
-    if "icl" in record and "error" in record["icl"]:
-        print(f"  ICL: {record['icl']['error']}")
-    elif "icl" in record:
-        print(f"  ICL mean centered accuracy: {record['icl']['mean_centered']:.4f}")
+    from rove.report.console import eval_summary_lines  # matplotlib-free, but only needed here
+
+    print("\n".join(eval_summary_lines(record)))
     return 0

@@ -221,14 +221,22 @@ def evaluate_icl(
 ) -> dict[str, Any]:
     """Accuracy and centered accuracy per task, and their mean (the suite score).
 
-    ``max_tokens`` (default: ``model.config.block_size``) bounds each scored sequence.
+    ``max_tokens`` (default: ``model.config.block_size``) bounds each scored sequence. A task whose
+    smallest item does not fit is skipped alone, its reason in ``skipped``; the score is the mean
+    over the tasks that ran (None if none did).
     Returns ``{"score", "seed", "max_tokens", "tasks": {name: {"accuracy", "centered", "chance",
-    "n_items"}}}``.
+    "n_items"}}, "skipped": {name: reason}}``.
     """
     max_tokens = model.config.block_size if max_tokens is None else max_tokens
-    per_task = {}
+    if unknown := sorted(set(tasks) - set(ICL_TASKS)):
+        raise ValueError(f"unknown ICL task(s) {unknown}; choose from {sorted(ICL_TASKS)}")
+    per_task, skipped = {}, {}
     for task in tasks:
-        items = generate_icl(task, n_items, tokenizer, max_tokens, seed)
+        try:
+            items = generate_icl(task, n_items, tokenizer, max_tokens, seed)
+        except ValueError as err:  # cannot fit: skip this task, keep the others
+            skipped[task] = str(err)
+            continue
         correct = evaluate_items(
             model, tokenizer, items, batch_size=batch_size, max_len=max_tokens, progress=progress
         )
@@ -240,5 +248,6 @@ def evaluate_icl(
             "chance": chance,
             "n_items": len(items),
         }
-    score = float(np.mean([r["centered"] for r in per_task.values()]))
-    return {"score": score, "seed": seed, "max_tokens": max_tokens, "tasks": per_task}
+    score = float(np.mean([r["centered"] for r in per_task.values()])) if per_task else None
+    return {"score": score, "seed": seed, "max_tokens": max_tokens, "tasks": per_task,
+            "skipped": skipped}  # fmt: skip

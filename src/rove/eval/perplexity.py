@@ -6,9 +6,24 @@ context) perplexities, each with and without YaRN, come from :func:`perplexity_v
 Design choices:
 
 - **Same windows for every model.** For a length ``L`` the token stream is cut into consecutive
-  windows of ``L`` inputs (plus one token for the last target); at most ``max_tokens_per_length // L``
-  of them are used, spread evenly over the whole stream, so the choice depends only on the tokens, the
-  length and the budget, never on the model. Every target token of a window is scored (no sliding
+  windows of ``L`` inputs (plus one token for the last target); :func:`n_windows_for` of them are used,
+  spread evenly over the whole stream, so the choice depends only on the tokens, the length and the
+  budget, never on the model.
+- **Window budget.** ``max_tokens_per_length // L`` windows, but never fewer than ``min_windows``
+  (default 32) while the stream holds them: a fixed token budget alone leaves 4 windows at 16x a
+  1024-token training length, too few to separate methods or to bootstrap an interval. The budget
+  therefore grows with ``L`` once ``L * min_windows`` exceeds it. A stream too short for
+  ``min_windows`` windows uses all it has and says so in ``note``.
+- **Intervals.** Each window's mean loss is kept (``window_loss``); the 95% interval of the
+  perplexity is a percentile bootstrap over windows (:func:`rove.report.stats.bootstrap_mean_ci`).
+- **Document boundaries are crossed.** The held-out stream is documents joined by the end-of-text
+  token, and windows are cut from it without regard to where documents start: a window may hold
+  the end of one document, the separator and the start of the next, the separator is scored as a
+  target like any token, and nothing is reset at it. Why: perplexity at 8-16x the training length
+  needs windows longer than most documents (FineWeb-Edu documents average about 1k tokens), so
+  windows confined to one document would leave almost none at long lengths and would only sample
+  the rare long documents; crossing boundaries measures what the paper's OOD table measures, a
+  model's loss as its context grows, on the same text at every length. Every target token of a window is scored (no sliding
   context), which is what "perplexity at length L" means in the paper's OOD table: early positions have
   little context, late positions test the long-range behaviour.
 - **Scaling factor** = ``L / block_size`` for YaRN / NTK / linear interpolation; for ``L <= block_size``
@@ -34,8 +49,11 @@ from tqdm.auto import tqdm
 
 from rove.eval.protocol import LanguageModel
 from rove.eval.scoring import model_device, rope_scaled, scaling_factor
+from rove.report.stats import bootstrap_mean_ci
 
-__all__ = ["perplexity_vs_length", "window_starts"]
+__all__ = ["MIN_WINDOWS", "n_windows_for", "perplexity_vs_length", "window_starts"]
+
+MIN_WINDOWS = 32  # windows per length at least, while the stream holds them
 
 
 def window_starts(n_tokens: int, length: int, max_windows: int) -> np.ndarray:
@@ -50,6 +68,16 @@ def window_starts(n_tokens: int, length: int, max_windows: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     picks = np.unique(np.linspace(0, n_avail - 1, n).round().astype(np.int64))
     return picks * length
+
+
+def n_windows_for(length: int, max_tokens_per_length: int, min_windows: int = MIN_WINDOWS) -> int:
+    """Windows wanted at ``length``: the token budget's share, but at least ``min_windows`` (and 1)."""
+    if length < 1 or max_tokens_per_length < 0 or min_windows < 0:
+        raise ValueError(
+            f"need length >= 1, max_tokens_per_length >= 0 and min_windows >= 0, got "
+            f"{length}, {max_tokens_per_length}, {min_windows}"
+        )
+    return max(1, min_windows, max_tokens_per_length // length)
 
 
 def _bucket_edges(length: int, n_buckets: int) -> np.ndarray:
@@ -68,19 +96,27 @@ def _evaluate_length(
     """Loss over the windows at ``starts``; the caller has already applied any scaling."""
     device = model_device(model)
     pos_sum = np.zeros(length, dtype=np.float64)  # summed loss per position over windows
+    window_loss: list[float] = []  # mean loss of each window, in stream order
     chunks = [starts[i : i + batch_size] for i in range(0, len(starts), batch_size)]
     for chunk in tqdm(chunks, desc=f"ppl@{length}", disable=not progress, leave=False):
         win = np.stack([tokens[s : s + length + 1] for s in chunk]).astype(np.int64)
         win_t = torch.from_numpy(win).to(device)  # (B, L + 1)
         with torch.inference_mode():
             nll = model.token_nll(win_t[:, :-1], win_t[:, 1:])  # (B, L)
-        pos_sum += nll.double().sum(dim=0).cpu().numpy()
+        nll64 = nll.double()
+        pos_sum += nll64.sum(dim=0).cpu().numpy()
+        window_loss += nll64.mean(dim=1).cpu().tolist()
     n_windows = len(starts)
     edges = _bucket_edges(length, n_buckets)
     loss = float(pos_sum.sum() / (n_windows * length))
+    ci = None
+    if n_windows > 1 and np.all(np.isfinite(window_loss)):
+        ci = [float(np.exp(b)) for b in bootstrap_mean_ci(window_loss)]
     return {
         "ppl": float(np.exp(loss)),
+        "ppl_ci": ci,
         "loss": loss,
+        "window_loss": window_loss,
         "n_windows": n_windows,
         "n_tokens": n_windows * length,
         "position_buckets": [[int(a), int(b)] for a, b in itertools.pairwise(edges)],
@@ -98,6 +134,7 @@ def perplexity_vs_length(
     scalings: Sequence[str | None] = (None, "yarn"),
     max_tokens_per_length: int,
     batch_size: int,
+    min_windows: int = MIN_WINDOWS,
     n_position_buckets: int = 16,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -108,16 +145,20 @@ def perplexity_vs_length(
         tokens: 1-D token stream, e.g. a validation shard.
         lengths: window lengths (model input tokens per window).
         scalings: RoPE scaling kinds to evaluate (None = plain, "yarn", "ntk", "linear").
-        max_tokens_per_length: scored-token budget per length (at least one window is used).
+        max_tokens_per_length: scored-token budget per length.
+        min_windows: windows per length at least (the budget grows for long lengths), see
+            :func:`n_windows_for`; fewer only when the stream is too short (then ``note`` says so).
         batch_size: windows per forward at ``block_size``; shrinks as ``batch_size * block_size / L``.
         n_position_buckets: number of equal-width position buckets for the loss-vs-position curve.
         progress: show tqdm progress bars.
 
     Returns:
         ``{"block_size", "n_stream_tokens", "results": {kind_name: {length: record}}}`` where
-        ``kind_name`` is ``"none"`` for plain and ``record`` holds ``ppl``, ``loss`` (mean nats/token),
-        ``factor``, ``n_windows``, ``n_tokens``, ``batch_size``, ``position_buckets`` ([start, end)
-        pairs), ``position_loss`` and ``error`` (None, or why the metrics are None).
+        ``kind_name`` is ``"none"`` for plain and ``record`` holds ``ppl``, ``ppl_ci`` (bootstrap 95%
+        interval over windows, None with one window), ``loss`` (mean nats/token), ``window_loss``
+        (per window), ``factor``, ``n_windows``, ``n_tokens``, ``batch_size``, ``position_buckets``
+        ([start, end) pairs), ``position_loss``, ``note`` (None, or why fewer than ``min_windows``
+        windows ran) and ``error`` (None, or why the metrics are None).
     """
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
@@ -131,8 +172,9 @@ def perplexity_vs_length(
             factor = scaling_factor(length, block) if kind is not None else 1.0
             key = (kind if factor != 1.0 else None, length)
             if key not in cache:
+                wanted = n_windows_for(length, max_tokens_per_length, min_windows)
                 cache[key] = _run_one(
-                    model, tokens, length, kind, max_tokens_per_length, batch_size,
+                    model, tokens, length, kind, wanted, min_windows, batch_size,
                     n_position_buckets, progress,
                 )  # fmt: skip
             per_length[length] = {**cache[key], "scaling": kind, "factor": factor}
@@ -145,16 +187,24 @@ def _run_one(
     tokens: np.ndarray,
     length: int,
     kind: str | None,
-    max_tokens_per_length: int,
+    wanted: int,
+    min_windows: int,
     batch_size: int,
     n_buckets: int,
     progress: bool,
 ) -> dict[str, Any]:
     """One (scaling, length) cell: metrics, or None metrics with the error that prevented them."""
     bs = max(1, batch_size * model.config.block_size // length)
-    starts = window_starts(len(tokens), length, max(1, max_tokens_per_length // length))
-    empty = {"ppl": None, "loss": None, "n_windows": 0, "n_tokens": 0, "batch_size": bs,
-             "position_buckets": None, "position_loss": None}  # fmt: skip
+    starts = window_starts(len(tokens), length, wanted)
+    note = None
+    if 0 < len(starts) < min_windows:
+        note = (
+            f"{len(starts)} windows, fewer than the {min_windows} asked: the stream of "
+            f"{len(tokens)} tokens holds no more at length {length}"
+        )
+    empty = {"ppl": None, "ppl_ci": None, "loss": None, "window_loss": None, "n_windows": 0,
+             "n_tokens": 0, "batch_size": bs, "position_buckets": None, "position_loss": None,
+             "note": None}  # fmt: skip
     if len(starts) == 0:
         return {**empty, "error": f"stream of {len(tokens)} tokens is shorter than {length + 1}"}
     try:
@@ -162,4 +212,4 @@ def _run_one(
             metrics = _evaluate_length(model, tokens, starts, length, bs, n_buckets, progress)
     except ValueError as err:  # e.g. learned absolute positions beyond block_size
         return {**empty, "error": f"{type(err).__name__}: {err}"}
-    return {**metrics, "batch_size": bs, "error": None}
+    return {**metrics, "batch_size": bs, "note": note, "error": None}

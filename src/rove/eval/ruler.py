@@ -57,11 +57,13 @@ from rove.eval.scoring import (
 )
 
 __all__ = [
+    "RULER_GROUPS",
     "RULER_TASKS",
     "QADataset",
     "Sample",
     "evaluate_ruler",
     "generate",
+    "group_means",
     "load_hotpotqa",
     "load_squad_v2",
 ]
@@ -71,6 +73,17 @@ RULER_TASKS = (
     "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_squad",
     "qa_hotpot",
 )  # fmt: skip
+# The paper's RULER table columns and the variants each one averages, following RULER's own
+# categories: retrieval (NIAH), multi-hop tracing (VT), aggregation (CWE, with FWE, the other
+# aggregation task) and question answering (QA). A group is the unweighted mean of its variants
+# that were measured (every variant has the same number of samples); "average" is the unweighted
+# mean of the groups that have a value, so each column counts once however many variants it has.
+RULER_GROUPS: dict[str, tuple[str, ...]] = {
+    "CWE": ("cwe", "fwe"),
+    "NIAH": tuple(t for t in RULER_TASKS if t.startswith("niah")),
+    "QA": ("qa_squad", "qa_hotpot"),
+    "VT": ("vt",),
+}
 GEN_SLACK = 8  # generation budget = gold answer tokens + this
 Haystack = np.ndarray | Sequence[str]
 
@@ -462,9 +475,9 @@ def evaluate_ruler(
     beyond the training length. A (task, length) cell that cannot run (the model rejects the length,
     or the task does not fit) gets None metrics and the reason in ``error``.
 
-    Returns ``{"scaling", "seed", "n_samples", "results": {task: {length: record}}, "family_nll":
-    {family: {length: mean nll}}}`` where the families are the paper's table columns (``niah`` = mean
-    of the niah_* variants asked, ``qa``, ``vt``, ``cwe``, ``fwe``; None if a member failed);
+    Returns ``{"scaling", "seed", "n_samples", "results": {task: {length: record}}, "group_nll":
+    {group: {length: mean nll}}}`` where the groups are the paper's table columns and their average
+    (:func:`group_means`);
     ``record`` holds ``nll`` (mean over samples of the per-token mean NLL of the target),
     ``nll_sum`` (mean summed NLL), ``accuracy``, ``factor``, ``n_samples``, ``mean_prompt_tokens``
     and ``error``.
@@ -483,14 +496,27 @@ def evaluate_ruler(
         except ValueError as err:
             record.update(nll=None, nll_sum=None, accuracy=None, n_samples=0, error=f"{err}")
         results.setdefault(task, {})[length] = record
-    families: dict[str, dict[int, float | None]] = {}
-    for family in dict.fromkeys(t.split("_")[0] for t in tasks):
-        members = [t for t in tasks if t.split("_")[0] == family]
-        for length in lengths:
-            vals = [results[t][length]["nll"] for t in members]
-            families.setdefault(family, {})[length] = None if None in vals else float(np.mean(vals))
+    groups = {n: group_means({t: results[t][n]["nll"] for t in tasks}) for n in lengths}
     return {"scaling": scaling, "seed": seed, "n_samples": n_samples, "results": results,
-            "family_nll": families}  # fmt: skip
+            "group_nll": {g: {n: groups[n][g] for n in lengths} for g in groups[lengths[0]]}
+            if lengths else {}}  # fmt: skip
+
+
+def group_means(values: dict[str, float | None]) -> dict[str, float | None]:
+    """The paper's group columns from per-variant values (see :data:`RULER_GROUPS`).
+
+    Returns ``{group: mean of its measured variants}`` for each group with a variant in ``values``
+    (None when none of them was measured), then ``"average"``: the mean of the group values.
+    """
+    out: dict[str, float | None] = {}
+    for group, members in RULER_GROUPS.items():
+        asked = [t for t in members if t in values]
+        if asked:
+            got = [v for t in asked if (v := values[t]) is not None and math.isfinite(v)]
+            out[group] = float(np.mean(got)) if got else None
+    have = [v for v in out.values() if v is not None]
+    out["average"] = float(np.mean(have)) if have else None
+    return out
 
 
 def _score_samples(

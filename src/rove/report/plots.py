@@ -1,7 +1,11 @@
-"""PNG figures of a comparison: perplexity vs length, RULER per task, training curves.
+"""PNG figures of a comparison: perplexity vs length, RULER groups, training curves.
 
 Matplotlib runs on the Agg backend (no display needed). Each function takes the ``runs`` list of
 ``results.json`` and writes one file; shaded bands and error bars are the spread over seeds.
+Readability rules, because these plots are read side by side: every method has its own colour,
+marker *and* line style (so overlapping curves stay distinguishable, also in grey print); lengths
+sit on a log2 axis labelled with the evaluated lengths themselves; the training length is marked;
+a panel is drawn only when it has data.
 """
 
 from __future__ import annotations
@@ -14,101 +18,290 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-from rove.report.records import ruler_cells
+from rove.report.records import ruler_groups, ruler_lengths
 from rove.report.stats import summarize
 
-__all__ = ["plot_ppl_vs_length", "plot_ruler", "plot_training_curves"]
+__all__ = [
+    "has_ruler_data",
+    "longest_position_length",
+    "plot_position_loss",
+    "plot_ppl_vs_length",
+    "plot_ruler",
+    "plot_training_curves",
+    "ppl_figure",
+    "training_figure",
+]
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+LINESTYLES = ("-", "--", "-.", ":")
 
 
 def _labels(runs: list[dict]) -> list[str]:
     return list(dict.fromkeys(r["label"] for r in runs))
 
 
+def _style(i: int) -> dict:
+    """Colour, marker and line style of the ``i``-th method."""
+    return {
+        "color": f"C{i}",
+        "marker": MARKERS[i % len(MARKERS)],
+        "ls": LINESTYLES[i % len(LINESTYLES)],
+    }
+
+
+def _log_y_ticks(ax: plt.Axes, n: int = 6) -> None:
+    """About ``n`` ticks spread evenly over a log y range, labelled as plain numbers (``12.5``
+    rather than ``1.25x10^1``): decade ticks alone leave a narrow range unlabelled."""
+    lo, hi = ax.get_ylim()
+    ticks = sorted({float(f"{v:.2g}") for v in np.geomspace(lo, hi, n)} - {0.0})
+    decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+    for mantissas in ((1, 2, 5), (1, 3), (1,)):  # round numbers when the range is wide
+        round_ticks = [m * 10.0**d for d in decades for m in mantissas if lo <= m * 10.0**d <= hi]
+        if 3 <= len(round_ticks) <= n + 2:
+            ticks = round_ticks
+            break
+    ax.yaxis.set_major_locator(FixedLocator([t for t in ticks if lo <= t <= hi] or ticks))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _mark_train_len(ax: plt.Axes, train_len: int) -> None:
+    ax.axvline(train_len, color="grey", lw=1, ls=":", zorder=0)
+    ax.annotate(
+        f"training length {train_len}",
+        (train_len, 1),
+        xycoords=("data", "axes fraction"),
+        xytext=(3, -12),
+        textcoords="offset points",
+        fontsize=8,
+        color="grey",
+    )
+
+
 def plot_ppl_vs_length(runs: list[dict], path: Path) -> Path:
-    """Perplexity vs evaluation length (log-log), with and without each frequency scaling."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    """Perplexity vs evaluation length, with and without each frequency scaling.
+
+    Method: colour and marker; scaling: line style (plain solid, scaled dashed, hollow markers).
+    """
+    return _save(ppl_figure(runs), path)
+
+
+def ppl_figure(runs: list[dict]) -> plt.Figure:
+    """The figure of :func:`plot_ppl_vs_length` (open: the caller saves and closes it)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
     train_len = runs[0]["train_len"]
+    evaluated: set[int] = set()
     for i, label in enumerate(_labels(runs)):
         group = [r for r in runs if r["label"] == label]
-        curves = {"": [r["ppl"] for r in group]}
+        plain = [r.get("ppl", {}) for r in group]
+        curves = {"": plain}
         for kind in sorted({k for r in group for k in r.get("ppl_scaled", {})}):
-            curves[f" + {kind}"] = [r["ppl_scaled"].get(kind, {}) for r in group]
+            # scaling starts beyond the training length: join the curve to the plain value there
+            curves[f" + {kind}"] = [
+                {
+                    **{k: v for k, v in p.items() if int(k) == train_len},
+                    **r["ppl_scaled"].get(kind, {}),
+                }
+                for p, r in zip(plain, group, strict=True)
+            ]
+        style = _style(i)
         for j, (suffix, maps) in enumerate(curves.items()):
             lengths = sorted({int(k) for m in maps for k in m})
             stats = [summarize([m.get(str(n)) for m in maps]) for n in lengths]
             xs = [n for n, s in zip(lengths, stats, strict=True) if s.n]
+            if not xs:
+                continue
+            evaluated |= set(xs)
             mean = np.array([s.mean for s in stats if s.n])
             std = np.array([s.std for s in stats if s.n])
-            style = "-" if j == 0 else ["--", ":", "-."][(j - 1) % 3]
-            (line,) = ax.plot(
-                xs, mean, style, marker="o", ms=3, color=f"C{i}", label=label + suffix
-            )
-            ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.15)
-    ax.axvline(train_len, color="grey", lw=0.8, ls=":")
-    ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity")
-    ax.set_title(f"Perplexity vs length (trained at {train_len})")
+            ax.plot(
+                xs, mean, color=style["color"], marker=style["marker"], ms=5,
+                ls="-" if j == 0 else LINESTYLES[1 + (j - 1) % 3],
+                mfc=style["color"] if j == 0 else "none", label=label + suffix,
+            )  # fmt: skip
+            ax.fill_between(xs, mean - std, mean + std, color=style["color"], alpha=0.12, lw=0)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = sorted(evaluated | {train_len})
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    _log_y_ticks(ax)
+    _mark_train_len(ax, train_len)
+    ax.set(xlabel="evaluation length (tokens, log2 scale)", ylabel="perplexity (log scale)")
+    ax.set_title(f"Perplexity vs length (trained at {train_len}; band: ± std over seeds)")
+    ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def longest_position_length(runs: list[dict]) -> int | None:
+    """The longest length with a loss-by-position curve in every run that has curves, or None."""
+    per_run = [
+        {int(n) for n, c in r.get("position_loss", {}).get("none", {}).items() if c.get("loss")}
+        for r in runs
+        if r.get("position_loss")
+    ]
+    common = set.intersection(*per_run) if per_run else set()
+    return max(common) if common else None
+
+
+def plot_position_loss(runs: list[dict], path: Path) -> Path:
+    """Loss by position inside the longest evaluated window, mean over seeds, per method and
+    scaling: where beyond the training length (marked) each model's loss turns up."""
+    length = longest_position_length(runs)
+    if length is None:
+        raise ValueError("no loss-by-position curve to plot")
+    train_len = runs[0]["train_len"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for i, label in enumerate(_labels(runs)):
+        group = [r for r in runs if r["label"] == label]
+        kinds = list(dict.fromkeys(k for r in group for k in r.get("position_loss", {})))
+        style = _style(i)
+        for j, kind in enumerate(kinds):
+            cells = [r["position_loss"].get(kind, {}).get(str(length)) for r in group]
+            cells = [c for c in cells if c and c.get("loss")]
+            if not cells:
+                continue
+            mids = [(a + b) / 2 for a, b in cells[0]["buckets"]]
+            mean = np.mean([c["loss"] for c in cells], axis=0)
+            ax.plot(
+                mids, mean, color=style["color"], marker=style["marker"], ms=4,
+                ls="-" if j == 0 else LINESTYLES[1 + (j - 1) % 3],
+                mfc=style["color"] if j == 0 else "none",
+                label=label + ("" if kind == "none" else f" + {kind}"),
+            )  # fmt: skip
+    _mark_train_len(ax, train_len)
+    ax.set(xlabel=f"position in a {length}-token window", ylabel="mean loss (nats/token)")
+    ax.set_title(f"Loss by position at {length} tokens (trained at {train_len}; mean over seeds)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _ruler_bars(runs: list[dict]) -> dict[int, dict[tuple[str, str], dict[str, list]]]:
+    """{length: {(label, scaling): {group: [value per seed]}}}, only cells with values."""
+    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in runs:
+        for kind, by_len in ruler_groups(r).items():
+            for n, groups in by_len.items():
+                for g, v in groups.items():
+                    if v is not None:
+                        out[n][(r["label"], kind)][g].append(v)
+    return out
+
+
+def has_ruler_data(runs: list[dict]) -> bool:
+    """Whether any RULER group has a value (else there is nothing to plot)."""
+    return bool(_ruler_bars(runs))
 
 
 def plot_ruler(runs: list[dict], path: Path) -> Path:
-    """RULER answer NLL per task (grouped bars per method; one panel per length)."""
-    lengths = sorted({int(n) for r in runs for t in ruler_cells(r).values() for n in t})
-    tasks = sorted({t for r in runs for t in ruler_cells(r)})
+    """RULER answer NLL per group (the paper's columns), bars per method and scaling.
+
+    One panel per length that has data; bars: mean over seeds with the std as error bar; hatched
+    bars are with inference-time scaling.
+    """
+    bars = _ruler_bars(runs)
+    lengths = [n for n in ruler_lengths(runs) if n in bars]
+    if not lengths:
+        raise ValueError("no RULER value to plot: every cell failed or none ran")
     labels = _labels(runs)
     fig, axes = plt.subplots(
-        1, max(len(lengths), 1), figsize=(4 + 3 * len(lengths), 4), squeeze=False
+        1, len(lengths), figsize=(1.5 + 4.5 * len(lengths), 4.2), squeeze=False
     )
-    width = 0.8 / max(len(labels), 1)
-    for ax, length in zip(axes[0], lengths, strict=False):
-        for i, label in enumerate(labels):
-            group = [r for r in runs if r["label"] == label]
-            stats = [
-                summarize(
-                    [ruler_cells(r).get(t, {}).get(str(length), {}).get("nll") for r in group]
-                )
-                for t in tasks
-            ]
-            x = np.arange(len(tasks)) + i * width
-            ax.bar(x, [s.mean for s in stats], width, yerr=[s.std for s in stats], label=label)
-        ax.set_xticks(np.arange(len(tasks)) + width * (len(labels) - 1) / 2)
-        ax.set_xticklabels(tasks, rotation=60, ha="right", fontsize=7)
-        ax.set_title(f"RULER answer NLL @ {length} (lower is better)", fontsize=9)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    for ax, n in zip(axes[0], lengths, strict=True):
+        series = [(lab, k) for k in dict.fromkeys(k for _, k in bars[n]) for lab in labels
+                  if (lab, k) in bars[n]]  # fmt: skip
+        order = ["CWE", "NIAH", "QA", "VT", "average"]
+        groups = [g for g in order if any(g in bars[n][s] for s in series)]
+        width = 0.8 / len(series)
+        for j, (lab, kind) in enumerate(series):
+            i = labels.index(lab)
+            stats = [summarize(bars[n][(lab, kind)].get(g, [])) for g in groups]
+            xs = np.arange(len(groups)) + j * width
+            for x, s in zip(xs, stats, strict=True):
+                if not s.n:  # say so instead of leaving a silent gap
+                    ax.text(x, 0, " not run", rotation=90, ha="center", va="bottom", fontsize=7)
+            ax.bar(
+                xs,
+                [s.mean if s.n else 0 for s in stats],
+                width,
+                yerr=[s.std if s.n else 0 for s in stats],
+                color=f"C{i}",
+                alpha=1.0 if kind == "none" else 0.55,
+                hatch=None if kind == "none" else "//",
+                edgecolor="black",
+                lw=0.5,
+                capsize=2,
+                label=lab + ("" if kind == "none" else f" +{kind}"),
+            )
+        ax.set_xticks(np.arange(len(groups)) + width * (len(series) - 1) / 2)
+        ax.set_xticklabels(groups)
+        ax.set_ylabel("answer NLL (nats/token, lower is better)")
+        ax.set_title(f"RULER groups at {n} tokens (error bars: std over seeds)", fontsize=10)
+        ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.08), ncol=len(series))
+    return _save(fig, path)
 
 
 def plot_training_curves(runs: list[dict], path: Path) -> Path:
-    """Training and validation loss vs tokens, mean over seeds with the spread shaded."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, label in enumerate(_labels(runs)):
-        for key, style in (("loss", "-"), ("val_loss", "--")):
+    """Training and validation loss vs tokens (one panel each), mean over seeds, spread shaded.
+
+    With many points the y range leaves out the first 10% of training (the initial loss would
+    flatten the rest).
+    """
+    return _save(training_figure(runs), path)
+
+
+def training_figure(runs: list[dict]) -> plt.Figure:
+    """The figure of :func:`plot_training_curves` (open: the caller saves and closes it)."""
+    panels = [(k, t) for k, t in (("loss", "training loss"), ("val_loss", "validation loss"))
+              if any(p.get(k) is not None for r in runs for p in r.get("curve", []))]  # fmt: skip
+    if not panels:
+        raise ValueError("no training curve to plot")
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
+    for ax, (key, title) in zip(axes[0], panels, strict=True):
+        shown: list[float] = []
+        for i, label in enumerate(_labels(runs)):
             by_tokens: dict[int, list[float]] = defaultdict(list)
             for r in runs:
-                if r["label"] != label:
-                    continue
-                for point in r.get("curve", []):
-                    if point.get(key) is not None:
-                        by_tokens[int(point["tokens"])].append(point[key])
+                if r["label"] == label:
+                    for point in r.get("curve", []):
+                        if point.get(key) is not None:
+                            by_tokens[int(point["tokens"])].append(point[key])
             if not by_tokens:
                 continue
             xs = sorted(by_tokens)
             stats = [summarize(by_tokens[x]) for x in xs]
             mean = np.array([s.mean for s in stats])
             std = np.array([s.std for s in stats])
-            name = f"{label} {'train' if key == 'loss' else 'val'}"
-            ax.plot(xs, mean, style, color=f"C{i}", label=name)
-            ax.fill_between(xs, mean - std, mean + std, color=f"C{i}", alpha=0.12)
-    ax.set(xlabel="tokens", ylabel="loss (nats/token)", title="Training curves")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+            style = _style(i)
+            # markers at interleaved points, so a curve under another stays visible
+            every, n_methods = max(1, len(xs) // 12), len(_labels(runs))
+            ax.plot(
+                xs, mean, color=style["color"], ls=style["ls"], marker=style["marker"], ms=4,
+                markevery=(i * every // n_methods, every), label=label,
+            )  # fmt: skip
+            ax.fill_between(xs, mean - std, mean + std, color=style["color"], alpha=0.12, lw=0)
+            # many points: leave the first 10% (the initial loss) out of the y range
+            late = [m for x, m in zip(xs, mean, strict=True) if x >= 0.1 * xs[-1]]
+            shown += late if len(xs) >= 10 and late else list(mean)
+        if shown:
+            lo, hi = min(shown), max(shown)
+            pad = 0.05 * (hi - lo) or 0.05 * abs(hi) or 0.1
+            ax.set_ylim(lo - pad, hi + pad)
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        ax.set(xlabel="training tokens", ylabel="loss (nats/token)", title=title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig

@@ -1,8 +1,10 @@
-"""Accessors for the per-model records of ``results.json`` (shared by tables and plots)."""
+"""Accessors for the per-model records of ``results.json`` (shared by tables, plots, console)."""
 
 from __future__ import annotations
 
-__all__ = ["dig", "ruler_cells"]
+from rove.eval.ruler import group_means
+
+__all__ = ["dig", "ruler_cells", "ruler_groups", "ruler_lengths"]
 
 
 def dig(run: dict, *keys: str) -> float | None:
@@ -21,4 +23,21 @@ def ruler_cells(run: dict) -> dict[str, dict[str, dict]]:
     for kind, tasks in run.get("ruler", {}).items():
         for task, cells in tasks.items():
             out[task if kind == "none" else f"{task} +{kind}"] = cells
+    return out
+
+
+def ruler_lengths(runs: list[dict]) -> list[int]:
+    """Every RULER length of any run, ascending."""
+    return sorted({int(n) for r in runs for t in ruler_cells(r).values() for n in t})
+
+
+def ruler_groups(run: dict, field: str = "nll") -> dict[str, dict[int, dict[str, float | None]]]:
+    """``{scaling: {length: {group: value}}}``: the paper's group columns and their average."""
+    out: dict[str, dict[int, dict[str, float | None]]] = {}
+    for kind, tasks in run.get("ruler", {}).items():
+        lengths = sorted({int(n) for cells in tasks.values() for n in cells})
+        out[kind] = {
+            n: group_means({t: cells.get(str(n), {}).get(field) for t, cells in tasks.items()})
+            for n in lengths
+        }
     return out

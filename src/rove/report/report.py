@@ -8,15 +8,22 @@ model: ``label``, ``pos``, ``seed``, ``train_len``, ``ppl``, ``ppl_scaled``, ``r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rove.atomic import write_text_atomic
-from rove.report.plots import plot_ppl_vs_length, plot_ruler, plot_training_curves
-from rove.report.records import dig, ruler_cells
-from rove.report.stats import Paired, paired, summarize
+from rove.eval.ruler import RULER_GROUPS, RULER_TASKS
+from rove.report.plots import (
+    has_ruler_data,
+    longest_position_length,
+    plot_position_loss,
+    plot_ppl_vs_length,
+    plot_ruler,
+    plot_training_curves,
+)
+from rove.report.records import dig, ruler_cells, ruler_groups, ruler_lengths
+from rove.report.stats import MIN_TEST_N, paired, summarize
 
 __all__ = ["Metric", "metrics_of", "render_report", "write_report"]
 
@@ -29,11 +36,6 @@ class Metric:
 
     def better(self, a: float, b: float) -> bool:
         return a < b if self.lower_is_better else a > b
-
-
-def _ruler_value(run: dict, task: str, length: int, field: str) -> float | None:
-    value = ruler_cells(run).get(task, {}).get(str(length), {}).get(field)
-    return value if isinstance(value, (int, float)) else None
 
 
 def _lengths(runs: list[dict], *keys: str) -> list[int]:
@@ -65,16 +67,30 @@ def metrics_of(runs: list[dict]) -> list[Metric]:
                     True,
                 )
             )
-    tasks = sorted({t for r in runs for t in ruler_cells(r)})
-    for n in sorted({int(x) for r in runs for t in ruler_cells(r).values() for x in t}):
-        for t in tasks:
-            out.append(
-                Metric(
-                    f"RULER {t}@{n} NLL",
-                    lambda r, t=t, n=n: _ruler_value(r, t, n, "nll"),
-                    True,
-                )
+    for kind, n, group in _ruler_columns(runs):
+        suffix = "" if kind == "none" else f" +{kind}"
+        out.append(
+            Metric(
+                f"RULER {group}{suffix}@{n} NLL",
+                lambda r, k=kind, n=n, g=group: _group_value(r, k, n, g),
+                True,
             )
+        )
+    return out
+
+
+def _group_value(run: dict, kind: str, length: int, group: str) -> float | None:
+    return ruler_groups(run).get(kind, {}).get(length, {}).get(group)
+
+
+def _ruler_columns(runs: list[dict]) -> list[tuple[str, int, str]]:
+    """(scaling, length, group) of every RULER group column present, in table order."""
+    kinds = list(dict.fromkeys(k for r in runs for k in r.get("ruler", {})))
+    out = []
+    for kind in kinds:
+        for n in ruler_lengths(runs):
+            present = {g for r in runs for g in ruler_groups(r).get(kind, {}).get(n, {})}
+            out += [(kind, n, g) for g in [*RULER_GROUPS, "average"] if g in present]
     return out
 
 
@@ -83,9 +99,28 @@ def _labels(runs: list[dict]) -> list[str]:
 
 
 def _cell(
-    runs: list[dict], label: str, get: Callable[[dict], float | None], digits: int = 2
+    runs: list[dict],
+    label: str,
+    get: Callable[[dict], float | None],
+    digits: int = 2,
+    ci: Callable[[dict], list[float] | None] | None = None,
 ) -> str:
-    return summarize([get(r) for r in runs if r["label"] == label]).fmt(digits)
+    """Mean ± std over seeds; with one seed, its window-bootstrap interval when ``ci`` gives one."""
+    group = [r for r in runs if r["label"] == label]
+    text = summarize([get(r) for r in group]).fmt(digits)
+    if ci is not None and len(group) == 1 and (bounds := ci(group[0])) and text != "n/a":
+        text += f" [{bounds[0]:.{digits}f}, {bounds[1]:.{digits}f}]"
+    return text
+
+
+def _ppl_ci(kind: str, n: int) -> Callable[[dict], list[float] | None]:
+    return lambda r: r.get("ppl_ci", {}).get(kind, {}).get(str(n))
+
+
+def _reasons(runs: list[dict], where: Callable[[dict], dict[str, str]]) -> list[str]:
+    """``- key: reason`` lines (one per distinct key and reason) for cells that could not be measured."""
+    seen = dict.fromkeys(f"- {key}: {why}" for r in runs for key, why in where(r).items() if why)
+    return list(seen)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -100,7 +135,10 @@ def _main_table(runs: list[dict]) -> list[str]:
     rows = []
     for label in _labels(runs):
         row = [label, _cell(runs, label, lambda r: dig(r, "icl", "mean_centered"), 4)]
-        row += [_cell(runs, label, lambda r, n=n: dig(r, "ppl", str(n))) for n in in_dist]
+        row += [
+            _cell(runs, label, lambda r, n=n: dig(r, "ppl", str(n)), ci=_ppl_ci("none", n))
+            for n in in_dist
+        ]
         rows.append(row)
     return _table(header, rows)
 
@@ -114,32 +152,155 @@ def _ood_table(runs: list[dict]) -> list[str]:
     for suffix, key in [("", None)] + [(f" + {k}", k) for k in kinds]:
         for label in _labels(runs):
             if key is None:
-                cells = [_cell(runs, label, lambda r, n=n: dig(r, "ppl", str(n))) for n in longer]
+                cells = [
+                    _cell(runs, label, lambda r, n=n: dig(r, "ppl", str(n)), ci=_ppl_ci("none", n))
+                    for n in longer
+                ]
             else:
                 cells = [
-                    _cell(runs, label, lambda r, n=n, k=key: dig(r, "ppl_scaled", k, str(n)))
+                    _cell(
+                        runs,
+                        label,
+                        lambda r, n=n, k=key: dig(r, "ppl_scaled", k, str(n)),
+                        ci=_ppl_ci(key, n),
+                    )
                     for n in longer
                 ]
             rows.append([label + suffix, *cells])
     return _table(header, rows)
 
 
-def _ruler_tables(runs: list[dict]) -> list[str]:
-    tasks = sorted({t for r in runs for t in ruler_cells(r)})
-    lengths = sorted({int(x) for r in runs for t in ruler_cells(r).values() for x in t})
-    lines: list[str] = []
-    for field, title in (("nll", "answer NLL (lower is better)"), ("accuracy", "greedy accuracy")):
-        for n in lengths:
-            lines += ["", f"RULER {title} at {n} tokens:", ""]
+def _ppl_notes(runs: list[dict]) -> list[str]:
+    """Windows per length, the within-run (window bootstrap) noise, and unmeasured cells."""
+    windows = {n: sorted({r.get("ppl_windows", {}).get(str(n)) for r in runs} - {None})
+               for n in _lengths(runs, "ppl")}  # fmt: skip
+    lines = []
+    if any(windows.values()):
+        parts = [f"{n}: {'/'.join(map(str, w))}" for n, w in windows.items() if w]
+        lines.append(f"Windows scored per length: {', '.join(parts)}.")
+    widths = []
+    for n in _lengths(runs, "ppl"):
+        rel = [
+            (ci[1] - ci[0]) / 2 / ppl
+            for r in runs
+            if (ci := r.get("ppl_ci", {}).get("none", {}).get(str(n)))
+            and (ppl := dig(r, "ppl", str(n)))
+        ]
+        if rel:
+            widths.append(f"{n}: ±{100 * summarize(rel).mean:.1f}%")
+    if widths:
+        lines.append(
+            "Within-run noise (half-width of the 95% bootstrap interval over windows, relative, "
+            f"mean over runs): {', '.join(widths)}. With one seed, cells show that interval."
+        )
+    reasons = _reasons(runs, lambda r: {**r.get("ppl_errors", {}), **r.get("ppl_notes", {})})
+    if reasons:
+        lines += ["", "Not measured, or fewer windows than asked:", "", *reasons]
+    return lines
+
+
+def _ruler_section(runs: list[dict]) -> list[str]:
+    """Group columns (the paper's layout) per length, then per-variant detail and what did not run."""
+    lines = ["", "## RULER", ""]
+    samples = sorted(
+        {int(c["n_samples"]) for cells in (ruler_cells(r) for r in runs)
+         for per in cells.values() for c in per.values() if c.get("n_samples")}
+    )  # fmt: skip
+    if samples:
+        few = " (fewer than the default of 100 used at GPU scale: a CPU-sized run)"
+        lines.append(
+            f"Samples per task and length: {'/'.join(map(str, samples))}"
+            f"{few if max(samples) < 100 else ''}. Small base models score near zero greedy "
+            "accuracy; as in the paper, the answer NLL (nats/token of the gold answer, lower is "
+            "better) is the informative metric (`+yarn`: YaRN applied at inference)."
+        )
+    groups = "; ".join(f"{g} = mean of {', '.join(m)}" for g, m in RULER_GROUPS.items())
+    lines += [
+        "",
+        f"Groups (the paper's columns): {groups}; each group averages the variants that ran, "
+        "unweighted; average = unweighted mean of the groups with a value.",
+        "",
+    ]
+    ran = sorted({t.split(" +")[0] for r in runs for t in ruler_cells(r)})
+    measured = {
+        t.split(" +")[0]
+        for r in runs
+        for t, cells in ruler_cells(r).items()
+        if any(c.get("nll") is not None for c in cells.values())
+    }
+    not_run = {t: why for r in runs for t, why in r.get("ruler_not_run", {}).items()}
+    for t in set(ran) - measured:
+        not_run[t] = "tried, never measured: see below"
+    by_reason: dict[str, list[str]] = {}
+    for t in RULER_TASKS:
+        if t not in measured:
+            by_reason.setdefault(not_run.get(t, "not run"), []).append(t)
+    lines += [
+        f"Tasks measured ({len(measured)} of the {len(RULER_TASKS)} RULER tasks): "
+        f"{', '.join(t for t in RULER_TASKS if t in measured) or 'none'}."
+        + "".join(f" Not run, {why}: {', '.join(ts)}." for why, ts in by_reason.items()),
+        "",
+    ]
+    if any(
+        t in not_run and not_run[t].startswith("no local file") for t in ("qa_squad", "qa_hotpot")
+    ):
+        lines += [
+            "QA not run: no local SQuAD / HotpotQA files (`rove eval --squad/--hotpotqa`).",
+            "",
+        ]
+    kinds = list(dict.fromkeys(k for r in runs for k in r.get("ruler", {})))
+    for field, title in (("nll", "answer NLL, lower is better"), ("accuracy", "greedy accuracy")):
+        for n in ruler_lengths(runs):
+            cols = [g for k, m, g in _ruler_columns(runs) if m == n and k == kinds[0]]
             rows = [
-                [label]
+                [label + ("" if kind == "none" else f" +{kind}")]
                 + [
-                    _cell(runs, label, lambda r, t=t, f=field, n=n: _ruler_value(r, t, n, f))
-                    for t in tasks
+                    _cell(
+                        runs,
+                        label,
+                        lambda r, k=kind, g=g, f=field, n=n: (
+                            ruler_groups(r, f).get(k, {}).get(n, {}).get(g)
+                        ),
+                    )
+                    for g in cols
                 ]
+                for kind in kinds
                 for label in _labels(runs)
             ]
-            lines += _table(["method", *tasks], rows)
+            lines += [
+                f"RULER groups at {n} tokens ({title}):",
+                "",
+                *_table(["method", *cols], rows),
+                "",
+            ]
+    for n in ruler_lengths(runs):
+        heads = [(label, kind) for kind in kinds for label in _labels(runs)]
+        rows = [
+            [task]
+            + [
+                _cell(
+                    runs, label, lambda r, t=task, k=kind, n=n: dig(r, "ruler", k, t, str(n), "nll")
+                )
+                for label, kind in heads
+            ]
+            for task in ran
+        ]
+        header = ["variant", *[lab + ("" if k == "none" else f" +{k}") for lab, k in heads]]
+        lines += [f"Per-variant answer NLL at {n} tokens:", "", *_table(header, rows), ""]
+    why: dict[tuple[str, str], list[str]] = {}  # (task@length, reason) -> scalings
+    for r in runs:
+        for k, tasks in r.get("ruler", {}).items():
+            for t, cells in tasks.items():
+                for m, c in cells.items():
+                    if c.get("error"):
+                        seen = why.setdefault((f"{t}@{m}", c["error"]), [])
+                        seen += [] if k in seen else [k]
+    failed = [
+        f"- {cell} ({', '.join('plain' if k == 'none' else '+' + k for k in ks)}): {reason}"
+        for (cell, reason), ks in why.items()
+    ]
+    if failed:
+        lines += ["Not measured:", "", *failed, ""]
     return lines
 
 
@@ -155,51 +316,87 @@ def _by_seed(runs: list[dict], label: str, metric: Metric) -> dict[int, float | 
     return {r["seed"]: metric.get(r) for r in runs if r["label"] == label}
 
 
-def _ruler_finding(label: str, baseline: str, variant: str, results: list[Paired]) -> str:
-    """One line summarising the paired RULER NLL cells of one scaling variant."""
-    better = sum(p.wins == p.n for p in results)
-    worse = sum(p.losses == p.n for p in results)
-    mean = summarize([p.diff.mean for p in results]).mean
-    return (
-        f"- RULER answer NLL{variant}: {label} is better than {baseline} in every seed on "
-        f"{better} of {len(results)} task/length cells, worse in every seed on {worse}, mixed on "
-        f"the rest (mean NLL difference {mean:+.3g} nats/token, lower is better)."
-    )
-
-
 def _paired_table(runs: list[dict], baseline: str) -> tuple[list[str], list[str]]:
     """Paired rows, and plain-language findings for the headline metrics."""
     rows, findings = [], []
     for label in [x for x in _labels(runs) if x != baseline]:
-        ruler: dict[str, list[Paired]] = {}
         for m in metrics_of(runs):
             p = paired(_by_seed(runs, label, m), _by_seed(runs, baseline, m), m.better)
             if p.n == 0:
                 continue
-            t = "n/a" if math.isnan(p.t) else f"{p.t:+.2f}"
             rows.append(
-                [m.name, f"{label} - {baseline}", p.diff.fmt(3), t, f"{p.wins}/{p.losses}/{p.n}"]
-            )
-            if m.name.startswith("RULER"):
-                variant = m.name.split("@")[0].partition(" +")[2]
-                ruler.setdefault(f" +{variant}" if variant else "", []).append(p)
-            elif m.name.startswith(("ICL", "CORE")) and _at_chance(runs, m, (label, baseline)):
+                [m.name, f"{label} - {baseline}", p.diff.fmt(3), p.ci_text(), p.test_text(),
+                 f"{p.wins}/{p.losses}/{p.n}"]
+            )  # fmt: skip
+            if m.name.startswith(("ICL", "CORE")) and _at_chance(runs, m, (label, baseline)):
                 findings.append(
                     f"- {m.name}: both {label} and {baseline} are at chance level "
                     f"(|centered accuracy| < {CHANCE_BAND}): the models are too small for this "
                     "suite to separate them."
                 )
-            else:
+            elif not m.name.startswith("RULER") or "average" in m.name:
                 direction = "lower" if m.lower_is_better else "higher"
                 findings.append(
                     f"- {m.name}: {label} is {p.verdict()} vs {baseline} "
-                    f"(mean difference {p.diff.mean:+.3g}, {direction} is better)."
+                    f"(mean difference {p.diff.mean:+.3g}, {direction} is better; "
+                    f"{p.test_text()})."
                 )
-        findings += [_ruler_finding(label, baseline, v, ps) for v, ps in ruler.items()]
     table = _table(
-        ["metric", "difference", "mean ± std over seeds", "paired t", "wins/losses/seeds"], rows
-    )
+        ["metric", "difference", "mean ± std over seeds", "95% CI of the mean", "paired tests",
+         "wins/losses/seeds"],
+        rows,
+    )  # fmt: skip
     return table, findings
+
+
+def _icl_section(runs: list[dict], labels: list[str]) -> list[str]:
+    tasks = sorted({t for r in runs for t in r.get("icl", {}).get("tasks", {})})
+    lines = ["", "## Few-shot ICL (centered accuracy)", ""]
+    if tasks:
+        rows = [
+            [label]
+            + [
+                _cell(runs, label, lambda r, t=t: dig(r, "icl", "tasks", t, "centered"), 3)
+                for t in tasks
+            ]
+            for label in labels
+        ]
+        lines += _table(["method", *tasks], rows)
+    skipped = _reasons(runs, lambda r: r.get("icl", {}).get("skipped", {}))
+    if skipped:
+        lines += ["", "Skipped (each alone; the mean is over the tasks that ran):", "", *skipped]
+    elif not tasks:
+        lines += _reasons(runs, lambda r: {"ICL": r.get("icl", {}).get("error")})
+    return lines
+
+
+def _not_run(runs: list[dict]) -> list[str]:
+    """Whole evaluations that did not run (CORE without a bundle, disabled parts)."""
+    names = {"ppl": "Perplexity", "ruler": "RULER", "icl": "Few-shot ICL", "core": "CORE"}
+    out = dict.fromkeys(
+        f"- {names.get(k, k)}: not run: {why}"
+        for r in runs
+        for k, why in r.get("not_run", {}).items()
+    )
+    if not any("core" in r or "core" in r.get("not_run", {}) for r in runs):
+        out["- CORE: not run: no bundle"] = None
+    return list(out)
+
+
+def _gaps_line(runs: list[dict]) -> list[str]:
+    """One finding naming what was not measured at all (details in the sections below)."""
+    gaps = []
+    for line in _not_run(runs):  # "- CORE: not run: no bundle (pass ...)" -> "CORE (no bundle)"
+        name, _, why = line[2:].partition(": not run: ")
+        gaps.append(f"{name} ({why.split(' (')[0]})")
+    qa = {t for r in runs for t, why in r.get("ruler_not_run", {}).items()
+          if t.startswith("qa") and why.startswith("no local file")}  # fmt: skip
+    if qa:
+        gaps.append("RULER QA (no local SQuAD/HotpotQA files)")
+    skipped = sorted({t for r in runs for t in r.get("icl", {}).get("skipped", {})})
+    if skipped:
+        gaps.append(f"ICL {', '.join(skipped)} (do not fit)")
+    return [f"- Not measured: {'; '.join(gaps)}; reasons below."] if gaps else []
 
 
 def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
@@ -222,10 +419,15 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         "",
         *(results.get("summary_lines") or []),
         *findings,
+        *_gaps_line(runs),
         "",
         f"With {len(seeds)} seed(s), a difference that is not consistent across seeds is within "
         "noise. Small CPU models trained for minutes are far from the paper's 124M/354M models "
         "trained on 10B tokens; read these numbers as a smoke test of the method, not a replication.",
+        "",
+        "Paired tests over seeds: Student t on the per-seed differences (t(df), two-sided p) and "
+        f"the exact Wilcoxon signed-rank test; with fewer than {MIN_TEST_N} seeds no test is run "
+        "(n < 3: no test).",
         "",
         "## Main results (mean ± std over seeds)",
         "",
@@ -234,27 +436,20 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         "## Out-of-distribution perplexity",
         "",
         *_ood_table(runs),
+        "",
+        *_ppl_notes(runs),
     ]
     if any(r.get("ruler") for r in runs):
-        lines += [
-            "",
-            "## RULER",
-            "",
-            "Small base models score near zero greedy accuracy; as in the paper, the NLL of the "
-            "gold answer is the informative metric (`+yarn`: YaRN applied at inference).",
-            *_ruler_tables(runs),
-        ]
+        lines += _ruler_section(runs)
     if any(r.get("icl") for r in runs):
-        tasks = sorted({t for r in runs for t in r.get("icl", {}).get("tasks", {})})
+        lines += _icl_section(runs, labels)
+    if any(isinstance(r.get("core"), dict) and "core" in r["core"] for r in runs):
         rows = [
-            [label]
-            + [
-                _cell(runs, label, lambda r, t=t: dig(r, "icl", "tasks", t, "centered"), 3)
-                for t in tasks
-            ]
-            for label in labels
+            [label, _cell(runs, label, lambda r: dig(r, "core", "core"), 4)] for label in labels
         ]
-        lines += ["", "## Few-shot ICL (centered accuracy)", "", *_table(["method", *tasks], rows)]
+        lines += ["", "## CORE (DCLM, centered accuracy)", "", *_table(["method", "CORE"], rows)]
+    if not_run := _not_run(runs):
+        lines += ["", "## Not run", "", *not_run]
     lines += ["", "## Paired comparison", "", *table, "", "## Training", ""]
     lines += _table(
         ["method", "final train loss", "final val loss", "tokens", "tokens/s"],
@@ -279,10 +474,17 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = results["runs"]
-    figures = {"Perplexity vs length": plot_ppl_vs_length(runs, out_dir / "ppl_vs_length.png").name}
-    if any(r.get("ruler") for r in runs):
-        figures["RULER per task"] = plot_ruler(runs, out_dir / "ruler.png").name
-    if any(r.get("curve") for r in runs):
+    figures = {}
+    if any(v is not None for r in runs for v in r.get("ppl", {}).values()):
+        figures["Perplexity vs length"] = plot_ppl_vs_length(
+            runs, out_dir / "ppl_vs_length.png"
+        ).name
+    if longest_position_length(runs) is not None:
+        figures["Loss by position"] = plot_position_loss(runs, out_dir / "position_loss.png").name
+    if has_ruler_data(runs):
+        figures["RULER groups"] = plot_ruler(runs, out_dir / "ruler.png").name
+    if any(p.get("loss") is not None or p.get("val_loss") is not None
+           for r in runs for p in r.get("curve", [])):  # fmt: skip
         figures["Training curves"] = plot_training_curves(
             runs, out_dir / "training_curves.png"
         ).name

@@ -1,8 +1,16 @@
-"""Seed statistics: mean and spread per method, and paired differences between methods.
+"""Seed statistics and window bootstraps: means, intervals and paired tests, via scipy.
 
 Runs of different methods that share a seed share data order and initialisation (``rove
 compare`` guarantees it), so the honest comparison is *paired*: the per-seed difference, its
-mean and spread, a paired t statistic, and in how many seeds each method won.
+mean with a t interval, a paired t test (with its degrees of freedom and p-value), a Wilcoxon
+signed-rank test (no normality assumption), and in how many seeds each method won. With fewer
+than 3 pairs no test is run: a t test with 1 degree of freedom, or a signed-rank test whose
+smallest possible p-value is 0.5, says nothing, and the report says "n < 3: no test" instead.
+
+Perplexity intervals come from a percentile bootstrap over evaluation windows (the windows are
+disjoint stretches of held-out text, the natural resampling unit): resample the per-window mean
+losses, take the mean, and map the loss interval through ``exp`` (monotone, so percentiles carry
+over). The resampling seed is fixed, so a report is reproducible.
 """
 
 from __future__ import annotations
@@ -12,7 +20,20 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Paired", "Summary", "paired", "summarize"]
+import numpy as np
+from scipy import stats as sps
+
+__all__ = [
+    "MIN_TEST_N",
+    "Paired",
+    "Summary",
+    "bootstrap_mean_ci",
+    "paired",
+    "summarize",
+]
+
+MIN_TEST_N = 3  # fewer pairs: no test (stated in the report)
+CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
@@ -28,6 +49,13 @@ class Summary:
             return f"{self.mean:.{digits}f}"
         return f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
 
+    def ci(self, confidence: float = CONFIDENCE) -> tuple[float, float]:
+        """Student-t interval for the mean (NaN bounds with fewer than 2 values)."""
+        if self.n < 2:
+            return (float("nan"), float("nan"))
+        half = sps.t.ppf(0.5 + confidence / 2, self.n - 1) * self.std / math.sqrt(self.n)
+        return (self.mean - half, self.mean + half)
+
 
 def summarize(values: Sequence[float | None]) -> Summary:
     """Mean and sample std of the finite values (None / NaN / inf are left out)."""
@@ -40,10 +68,17 @@ def summarize(values: Sequence[float | None]) -> Summary:
 @dataclass(frozen=True)
 class Paired:
     diff: Summary  # of (method - baseline) over seeds present in both
-    t: float  # paired t statistic, NaN with fewer than 2 pairs or zero spread
+    t: float  # paired t statistic; NaN when no test (n < 3) or zero spread
+    df: int  # degrees of freedom of the t test (n - 1)
+    p_t: float  # two-sided p-value of the paired t test; NaN when no test
+    p_wilcoxon: float  # two-sided exact Wilcoxon signed-rank p-value; NaN when no test
     wins: int  # seeds where the method is better than the baseline
     losses: int  # seeds where it is worse (the rest are ties)
     n: int
+
+    @property
+    def tested(self) -> bool:
+        return self.n >= MIN_TEST_N
 
     def verdict(self) -> str:
         if self.wins == self.n:
@@ -54,6 +89,24 @@ class Paired:
             return "tied in every seed"
         return f"better in {self.wins}, worse in {self.losses} of {self.n} seeds (not consistent)"
 
+    def ci_text(self, digits: int = 3) -> str:
+        """The 95% t interval of the mean difference, or why there is none."""
+        if self.n < 2:
+            return "n < 2: no interval"
+        lo, hi = self.diff.ci()
+        return f"[{lo:+.{digits}f}, {hi:+.{digits}f}]"
+
+    def test_text(self) -> str:
+        """``t(df) = .., p = ..; Wilcoxon p = ..``, or a plain statement that no test was run."""
+        if not self.tested:
+            return f"n < {MIN_TEST_N}: no test"
+        t = "t undefined (zero spread)" if math.isnan(self.t) else f"t({self.df}) = {self.t:+.2f}"
+        return f"{t}, p = {_p(self.p_t)}; Wilcoxon p = {_p(self.p_wilcoxon)}"
+
+
+def _p(p: float) -> str:
+    return "n/a" if math.isnan(p) else f"{p:.2g}" if p >= 0.001 else "< 0.001"
+
 
 def paired(
     method: dict[int, float | None],
@@ -61,18 +114,50 @@ def paired(
     better: Callable[[float, float], bool],
 ) -> Paired:
     """Paired comparison over shared seeds; ``better(a, b)`` says whether ``a`` beats ``b``."""
-    seeds = sorted(
-        s
-        for s in method.keys() & baseline.keys()
+    pairs = [
+        (float(method[s]), float(baseline[s]))  # type: ignore[arg-type]
+        for s in sorted(method.keys() & baseline.keys())
         if method[s] is not None
         and baseline[s] is not None
         and math.isfinite(method[s])  # type: ignore[arg-type]
         and math.isfinite(baseline[s])  # type: ignore[arg-type]
-    )
-    diffs = [float(method[s]) - float(baseline[s]) for s in seeds]  # type: ignore[arg-type]
-    d = summarize(diffs)
-    t = d.mean / (d.std / math.sqrt(d.n)) if d.n > 1 and d.std > 0 else float("nan")
-    pairs = [(float(method[s]), float(baseline[s])) for s in seeds]  # type: ignore[arg-type]
+    ]
+    n = len(pairs)
+    diffs = np.array([a - b for a, b in pairs])
+    t = p_t = p_w = float("nan")
+    if n >= MIN_TEST_N and np.ptp(diffs) > 0:
+        a, b = np.array(pairs).T
+        res = sps.ttest_rel(a, b)
+        t, p_t = float(res.statistic), float(res.pvalue)
+    if n >= MIN_TEST_N and np.any(diffs != 0):
+        p_w = float(sps.wilcoxon(diffs, zero_method="wilcox", method="auto").pvalue)
     wins = sum(better(a, b) for a, b in pairs)
     losses = sum(better(b, a) for a, b in pairs)
-    return Paired(d, t, wins, losses, len(seeds))
+    return Paired(summarize(diffs.tolist()), t, max(n - 1, 0), p_t, p_w, wins, losses, n)
+
+
+def bootstrap_mean_ci(
+    values: Sequence[float],
+    *,
+    confidence: float = CONFIDENCE,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval for the mean of ``values`` (scipy.stats.bootstrap).
+
+    Needs at least 2 values (a single window has no spread to resample); raises ValueError then.
+    """
+    xs = np.asarray(values, dtype=np.float64)
+    if xs.ndim != 1 or len(xs) < 2:
+        raise ValueError(f"bootstrap needs at least 2 values in a 1-D sequence, got {xs.shape}")
+    if np.ptp(xs) == 0:  # every resample has the same mean
+        return (float(xs[0]), float(xs[0]))
+    res = sps.bootstrap(
+        (xs,),
+        np.mean,
+        confidence_level=confidence,
+        n_resamples=n_resamples,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    return (float(res.confidence_interval.low), float(res.confidence_interval.high))

@@ -90,6 +90,8 @@ from rove.train.metrics import (
     METRICS_FILE,
     SUMMARY_FILE,
     MetricsLogger,
+    eval_line,
+    interactive,
     mfu,
     peak_bf16_flops,
     write_summary,
@@ -307,7 +309,8 @@ def _prepare_data(cfg: TrainConfig, info: DistInfo, progress: bool) -> tuple[Pat
             f"--out {data_dir}{max_tokens}`"
         )
     if info.is_main and not (explicit and prepared):
-        log.info("preparing %s (%s) in %s", cfg.data, cfg.tokenizer, data_dir)
+        if not prepared:  # a cached dataset is only checked, silently
+            log.info("preparing %s (%s) in %s", cfg.data, cfg.tokenizer, data_dir)
         prepare_dataset(
             cfg.data,
             data_dir,
@@ -316,7 +319,7 @@ def _prepare_data(cfg: TrainConfig, info: DistInfo, progress: bool) -> tuple[Pat
             workers=1
             if cfg.tokenizer == "byte"
             else None,  # bytes: a pool costs more than it saves
-            progress=progress,
+            progress=progress and interactive(),
         )
     barrier(info)
     manifest = load_manifest(data_dir)
@@ -399,6 +402,8 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
 
 def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) -> Path:
     started = time.perf_counter()
+    # a bar only on a terminal (in a file it is \r noise); otherwise one log line per validation
+    show_bar = progress and info.is_main and interactive()
     grad_accum = cfg.grad_accum_steps(info.world_size)
     run_dir = Path(cfg.out_dir) / cfg.run_name
     ckpt = _resume_point(run_dir, cfg) if resume else None
@@ -481,7 +486,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         initial=step,
         desc=cfg.run_name,
         unit="step",
-        disable=not (progress and info.is_main),
+        disable=not show_bar,
         dynamic_ncols=True,
     )
     flops_per_token = raw.flops_per_token(cfg.seq_len)
@@ -526,8 +531,13 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
     stop.install()
     try:
         if step == 0 and cfg.eval_interval > 0:
-            metrics.log({"step": 0, "tokens": 0, "val_loss": validate(0)})
-        first_step = step
+            val0 = validate(0)
+            metrics.log({"step": 0, "tokens": 0, "val_loss": val0})
+            if info.is_main and not show_bar:
+                log.info(eval_line(0, cfg.max_steps, loss=None, val_loss=val0, tok_per_s=None,
+                                   elapsed_s=time.perf_counter() - started, eta_s=None))  # fmt: skip
+        first_step, loop_start = step, time.perf_counter()
+        last_val: float | None = None
         while step < cfg.max_steps:
             lr = cfg.lr * lr_multiplier(
                 step,
@@ -576,6 +586,11 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
                 record["mfu"] = util
             if step == cfg.max_steps or (cfg.eval_interval and step % cfg.eval_interval == 0):
                 record["val_loss"] = validate(step)
+                if info.is_main and not show_bar:
+                    per_step = (time.perf_counter() - loop_start) / (step - first_step)
+                    log.info(eval_line(step, cfg.max_steps, loss=loss, val_loss=record["val_loss"],
+                                       tok_per_s=rate, elapsed_s=time.perf_counter() - started,
+                                       eta_s=per_step * (cfg.max_steps - step)))  # fmt: skip
             metrics.log(record)
             signum = stop.requested(info) if step < cfg.max_steps else 0
             if (
@@ -588,6 +603,9 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
             if signum:
                 raise TrainingInterrupted(signum, step, last_ckpt)
             postfix = {"loss": f"{loss:.4f}", "tok/s": f"{rate:,.0f}"}
+            last_val = record.get("val_loss", last_val)
+            if last_val is not None:
+                postfix["val"] = f"{last_val:.4f}"
             if util is not None:
                 postfix["mfu"] = f"{100 * util:.1f}%"
             bar.set_postfix(postfix, refresh=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -23,6 +24,8 @@ from rove.atomic import write_json_atomic, write_text_atomic
 __all__ = [
     "PEAK_BF16_FLOPS",
     "MetricsLogger",
+    "eval_line",
+    "interactive",
     "mfu",
     "peak_bf16_flops",
     "read_metrics",
@@ -63,6 +66,44 @@ def mfu(flops_per_token: float, tokens_per_s_per_device: float, peak: float | No
     if not peak:
         return None
     return flops_per_token * tokens_per_s_per_device / peak
+
+
+def interactive() -> bool:
+    """Whether stderr is a terminal: progress bars there, plain log lines elsewhere."""
+    return sys.stderr.isatty()
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def eval_line(
+    step: int,
+    max_steps: int,
+    *,
+    loss: float | None,
+    val_loss: float | None,
+    tok_per_s: float | None,
+    elapsed_s: float,
+    eta_s: float | None,
+) -> str:
+    """One plain-text progress line per validation, for logs (no TTY, or ``--no-progress``).
+
+    Why not tqdm there: a bar written to a file is ``\r`` noise and shows no validation loss.
+    """
+
+    def num(v: float | None, spec: str) -> str:
+        return "n/a" if v is None or not math.isfinite(v) else format(v, spec)
+
+    width = len(str(max_steps))
+    return (
+        f"step {step:>{width}}/{max_steps} ({100 * step / max(max_steps, 1):3.0f}%)  "
+        f"train loss {num(loss, '.4f')}  val loss {num(val_loss, '.4f')}  "
+        f"tok/s {num(tok_per_s, ',.0f')}  elapsed {_clock(elapsed_s)}  "
+        f"ETA {'n/a' if eta_s is None else _clock(eta_s)}"
+    )
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

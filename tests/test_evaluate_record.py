@@ -1,0 +1,58 @@
+"""``evaluate_model``'s record says what ran and why the rest did not; the console summary shows it.
+
+Run: pytest tests/test_evaluate_record.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rove.evaluate import EvalConfig, evaluate_model
+from rove.report.console import eval_summary_lines
+from test_eval_mocks import ByteTokenizer, TableLM
+from test_eval_ruler import CORPUS
+
+TOK = ByteTokenizer()
+
+
+def test_record_intervals_reasons_and_console_summary() -> None:
+    model = TableLM(torch.zeros(257, 257), block_size=32)
+    tokens = np.asarray([t for text in CORPUS for t in [*TOK.encode(text), 256]] * 4)
+    cfg = EvalConfig(
+        ppl_lengths=[32, 64], ppl_tokens=0, ppl_min_windows=8, scalings=["yarn"],
+        ruler_tasks=["niah_single_1"], ruler_lengths=[320], ruler_samples=2,
+        ruler_scalings=["none"], icl_tasks=["kv_recall", "kv_recall_mc"], icl_items=4,
+        icl_max_tokens=32,
+    )  # fmt: skip
+    rec = evaluate_model(model, TOK, tokens, cfg, progress=False)
+    assert rec["ppl_windows"] == {"32": 8, "64": 8}
+    assert rec["ppl"]["32"] == pytest.approx(257.0, rel=1e-5)
+    lo, hi = rec["ppl_ci"]["none"]["64"]
+    assert lo == pytest.approx(257.0, rel=1e-5) and hi == pytest.approx(257.0, rel=1e-5)
+    assert set(rec["position_loss"]["none"]) == {"32", "64"}  # kept for every length
+    assert rec["ruler"]["none"]["niah_single_1"]["320"]["n_samples"] == 2
+    assert rec["ruler_not_run"]["qa_squad"] == "no local file (--squad PATH)"
+    assert rec["ruler_not_run"]["vt"] == "not in the task list (--ruler-tasks)"
+    assert len(rec["ruler_not_run"]) == 12
+    assert list(rec["icl"]["tasks"]) == ["kv_recall"] and "kv_recall_mc" in rec["icl"]["skipped"]
+    assert rec["not_run"] == {
+        "core": "no bundle (pass --core-bundle DIR, a local DCLM eval bundle)"
+    }
+    text = "\n".join(eval_summary_lines(rec))
+    assert "  ppl@32: 257.00 [257.00, 257.00] (8 windows)" in text
+    assert "+yarn: 257.00" in text
+    assert "RULER answer NLL @320: NIAH 5.55  average 5.55" in text
+    assert "RULER tasks run (1 of 13): niah_single_1" in text
+    assert "RULER QA not run (qa_squad, qa_hotpot): no local files" in text
+    assert "ICL mean centered accuracy" in text and "ICL kv_recall_mc skipped: " in text
+    assert "CORE: not run: no bundle" in text
+
+
+def test_qa_file_enables_its_task_and_bad_keys_are_rejected() -> None:
+    cfg = EvalConfig(ruler_tasks=["vt"], qa_paths={"qa_squad": "dev-v2.0.json"})
+    assert cfg.ruler_tasks == ["vt", "qa_squad"]
+    with pytest.raises(ValueError, match="unknown qa_paths key"):
+        EvalConfig(qa_paths={"squad": "x.json"})
+    assert EvalConfig().ruler_samples == 100  # GPU-scale default
