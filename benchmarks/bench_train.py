@@ -1,8 +1,8 @@
 """Training-step throughput: RoPE vs RoVE through rove's own step, and a minimal reference step.
 
-What is timed is one optimizer step exactly as ``rove.train`` runs it (``train_step``: bf16
-autocast forward, backward, global-norm clipping, AdamW, the loss read back to the host) on a
-fixed random batch, so data loading is excluded. Variants are timed interleaved (round-robin
+What is timed is one optimizer step exactly as ``rove.train`` runs it (``train_step``: forward
+in the precision ``--dtype`` resolves to (``auto``: bf16 autocast where native), backward,
+global-norm clipping, AdamW, the loss read back to the host) on a fixed random batch, so data loading is excluded. Variants are timed interleaved (round-robin
 over repeats) because these machines are noisy; compare the ratios, not the absolute numbers.
 
 - CPU (default without CUDA): the tiny presets, RoPE and RoVE side by side.
@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from rove.model import GPT, GPTConfig
+from rove.precision import DTYPES, describe_precision
 from rove.train.config import TrainConfig, build_model_config
 from rove.train.distributed import DistInfo
 from rove.train.loop import autocast_dtype, configure_optimizer, train_step
@@ -111,7 +112,9 @@ def reference_step(
 # ---------------------------------------------------------------------------- rove's step
 def bench_config(preset: str, args: argparse.Namespace) -> TrainConfig:
     """The preset's CPU/GPU recipe with the benchmark's batch (one micro-step per step)."""
-    base = TrainConfig(preset=preset, seq_len=args.seq_len, compile=args.compile).resolve()
+    base = TrainConfig(
+        preset=preset, seq_len=args.seq_len, compile=args.compile, dtype=args.dtype
+    ).resolve()
     batch = args.batch or base.micro_batch
     return dataclasses.replace(base, micro_batch=batch, tokens_per_step=batch * base.seq_len)
 
@@ -140,7 +143,7 @@ def make_variant(name: str, cfg: TrainConfig, device: torch.device) -> Callable[
     opt = configure_optimizer(model, cfg, device)
     compiled = torch.compile(model) if cfg.compile else model
     info = DistInfo(0, 0, 1, device, owns_group=False)
-    amp = autocast_dtype("bf16", device)
+    amp = autocast_dtype(cfg.dtype, device)
 
     def step() -> None:
         train_step(
@@ -210,7 +213,8 @@ def run(args: argparse.Namespace) -> str:
     )
     header = (
         f"bench_train {dt.date.today()} on {device_name}, torch {torch.__version__}, "
-        f"bf16 autocast, compile={args.compile}, median of {args.repeats} interleaved steps"
+        f"{describe_precision(args.dtype, device)}, compile={args.compile}, "
+        f"median of {args.repeats} interleaved steps"
     )
     return "\n\n".join([header, "\n".join(lines), *goals])
 
@@ -223,6 +227,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, help="rows per step (default: 32 on CUDA, recipe's on CPU)")
     p.add_argument("--seq-len", type=int, help="tokens per row (default: the preset's)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile")
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="auto",
+        help="auto: bf16 autocast where native (emulated bf16 would measure emulation), else fp32",
+    )  # fmt: skip
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
     p.add_argument("--repeats", type=int, default=20, help="timed steps per variant")
     p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")

@@ -49,6 +49,7 @@ from rove.data import (
     prepare_dataset,
 )
 from rove.model import GPT
+from rove.precision import autocast_dtype, describe_precision
 from rove.train.checkpoint import (
     CHECKPOINTS,
     CheckpointError,
@@ -95,17 +96,6 @@ VAL_SEED = 0  # the val windows' order never depends on the run's seed
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss, gradient norm or validation loss became NaN or infinite."""
-
-
-def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
-    """bf16 for ``dtype="bf16"`` on CPU or a bf16-capable GPU, else None (plain fp32)."""
-    if dtype != "bf16":
-        return None
-    if device.type == "cpu":
-        return torch.bfloat16
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return None
 
 
 def configure_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -300,6 +290,8 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
     data_dir, tok_identity = _prepare_data(cfg, info, progress)
     model_cfg = build_model_config(cfg, vocab_size=tok_identity["vocab_size"])
     amp = autocast_dtype(cfg.dtype, info.device)
+    if info.is_main:
+        log.info(describe_precision(cfg.dtype, info.device))
 
     _seed_everything(cfg.seed)
     raw = GPT(model_cfg)
