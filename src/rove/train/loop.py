@@ -43,6 +43,7 @@ from rove.atomic import write_json_atomic
 from rove.data import (
     TokenLoader,
     check_tokenizer_identity,
+    data_identity,
     default_data_dir,
     get_tokenizer,
     load_manifest,
@@ -214,7 +215,11 @@ def _prepare_data(cfg: TrainConfig, info: DistInfo, progress: bool) -> tuple[Pat
     """
     tok = get_tokenizer(cfg.tokenizer)
     explicit = cfg.data_dir is not None
-    data_dir = Path(cfg.data_dir) if explicit else default_data_dir(cfg.data, cfg.tokenizer)
+    data_dir = (
+        Path(cfg.data_dir)
+        if explicit
+        else default_data_dir(cfg.data, cfg.tokenizer, max_tokens=cfg.data_max_tokens)
+    )
     prepared = (data_dir / "manifest.json").is_file()
     if info.distributed and not prepared:
         max_tokens = f" --max-tokens {cfg.data_max_tokens}" if cfg.data_max_tokens else ""
@@ -288,6 +293,9 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
             "another run_name / out_dir"
         )
     data_dir, tok_identity = _prepare_data(cfg, info, progress)
+    data = data_identity(data_dir)  # recorded with the run; `rove eval` checks it
+    # a val split shorter than one window fails now, not after training
+    TokenLoader(data_dir, "val", cfg.micro_batch, cfg.seq_len)
     model_cfg = build_model_config(cfg, vocab_size=tok_identity["vocab_size"])
     amp = autocast_dtype(cfg.dtype, info.device)
     if info.is_main:
@@ -337,7 +345,8 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
                 "train": cfg.to_dict(),
                 "model": model_cfg.to_dict(),
                 "tokenizer": tok_identity,
-                "data_dir": str(data_dir),
+                "data_dir": data["dir"],
+                "data": data,
                 "world_size": info.world_size,
                 "grad_accum": grad_accum,
             },
@@ -380,6 +389,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
                     "rng": rng_states,
                     "world_size": info.world_size,
                     "elapsed_s": elapsed,
+                    "data": data,
                 },
                 keep=cfg.keep_checkpoints,
             )
