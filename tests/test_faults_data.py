@@ -346,6 +346,30 @@ def test_short_val_split_fails_before_training(tmp_path):
     assert not (tmp_path / "runs" / "nano-rove-seed0" / "metrics.jsonl").exists()
 
 
+def test_data_changed_under_a_running_job_stops_it(tmp_path, monkeypatch):
+    """Seen: a running job's validation set changed mid-run (val 2.997 -> 3.143 at step 50)
+    when another job re-prepared its folder."""
+    from rove.train import loop
+
+    src = corpus_file(tmp_path / "c.jsonl", n_docs=100, words=60)
+    data = prepare(src, tmp_path / "data", val_fraction=0.1)
+    real_evaluate = loop.evaluate
+
+    def evaluate_then_reprepare(*args, **kwargs):
+        value = real_evaluate(*args, **kwargs)
+        prepare(src, data, val_fraction=0.2, shard_tokens=500)  # another job, same folder
+        return value
+
+    monkeypatch.setattr(loop, "evaluate", evaluate_then_reprepare)
+    cfg = TrainConfig(
+        preset="nano", data_dir=str(data), out_dir=str(tmp_path / "runs"), max_steps=4,
+        warmup_steps=1, eval_interval=2, eval_tokens=256, checkpoint_interval=0, dtype="fp32",
+        seq_len=32, micro_batch=4, tokens_per_step=128,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="dataset changed since the run recorded it"):
+        train(cfg, progress=False)
+
+
 # --- runs record their data; eval finds and verifies it -------------------------------------
 
 

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import logging
 import platform
 import time
 from dataclasses import dataclass, field
@@ -224,6 +225,7 @@ def demo_main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="output folder (default runs/demo, or runs/demo-quick)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # e.g. the precision chosen
     report = run_compare(demo_config(args.quick, args.out), progress=not args.quiet)
     _print_done(report)
     return 0
@@ -264,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads((Path(cfg.out_dir) / RESULTS).read_text())
         print(f"wrote {write_report(results, cfg.out_dir)}")
         return 0
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     report = run_compare(cfg, progress=not args.quiet)
     _print_done(report)
     return 0

@@ -588,8 +588,8 @@ def verify_data_identity(identity: dict, data_dir: str | Path | None = None) -> 
     if found != identity.get("manifest_sha256"):
         raise ValueError(
             f"{folder}: the dataset changed since the run recorded it (manifest sha256 "
-            f"{found[:12]}, recorded {str(identity.get('manifest_sha256'))[:12]}); re-prepare "
-            "it with the run's settings, or evaluate other data explicitly with --data-dir/--data"
+            f"{found[:12]}, recorded {str(identity.get('manifest_sha256'))[:12]}): it was "
+            "re-prepared or edited; to evaluate other data say so with --data-dir or --data"
         )
     return folder
 

@@ -48,6 +48,7 @@ from rove.data import (
     get_tokenizer,
     load_manifest,
     prepare_dataset,
+    verify_data_identity,
 )
 from rove.model import GPT
 from rove.precision import autocast_dtype, describe_precision
@@ -397,6 +398,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         return path
 
     def validate(at: int) -> float:
+        verify_data_identity(data, data_dir)  # the val set must not change under a running job
         value = evaluate(compiled, data_dir, cfg, info, amp)
         if not math.isfinite(value):
             raise NonFiniteLossError(
