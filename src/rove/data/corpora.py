@@ -59,14 +59,17 @@ class CorpusReport:
     dangling_links: list[str] = field(default_factory=list)  # skipped: link to nothing
     other_extensions: Counter = field(default_factory=Counter)  # skipped by suffix: count each
 
-    def skipped(self) -> int:
+    def rejected(self) -> int:
+        """Files skipped for a problem (not merely for their extension)."""
         return (
             len(self.binary)
             + len(self.undecodable)
             + len(self.outside_links)
             + len(self.dangling_links)
-            + sum(self.other_extensions.values())
         )
+
+    def skipped(self) -> int:
+        return self.rejected() + sum(self.other_extensions.values())
 
     def summary(self) -> str:
         """One line for people, e.g. ``read 12 files; skipped 2 not UTF-8, 3 *.json``."""

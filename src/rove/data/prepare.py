@@ -487,7 +487,12 @@ def prepare_dataset(
                 _remove_dataset(tmp, _dataset_files(tmp) or {p.name for p in tmp.iterdir()})
             raise
     if report.skipped():
-        log.warning("%s: %s", source, report.summary())
+        log.log(
+            logging.WARNING if report.rejected() else logging.INFO,
+            "%s: %s",
+            source,
+            report.summary(),
+        )
     return out_dir
 
 
@@ -608,7 +613,7 @@ def tokenize_source(
         total += len(tokens)
         if max_tokens is not None and total >= max_tokens:
             break
-    if report.skipped():
+    if report.rejected():
         log.warning("%s: %s", source, report.summary())
     if not stream:
         raise ValueError(f"{source}: no text to evaluate on ({report.summary()})")
