@@ -47,6 +47,11 @@ DEFAULT_RULER_TASKS = (
 )
 
 
+# held-out text given with --data is tokenized up to this many tokens (far more than the
+# evaluations read), so `--data stdlib` or a large folder does not tokenize everything
+HELD_OUT_MAX_TOKENS = 1 << 22
+
+
 @dataclass
 class EvalConfig:
     """What to evaluate. ``*_multiples`` scale the training length unless lengths are given."""
@@ -214,7 +219,7 @@ def _held_out_tokens(
     if data is not None and data_dir is not None:
         raise ValueError("give --data (raw held-out text) or --data-dir (prepared), not both")
     if data is not None:
-        tokens = tokenize_source(data, tokenizer)
+        tokens = tokenize_source(data, tokenizer, max_tokens=HELD_OUT_MAX_TOKENS)
         return tokens, {"source": data, "tokens": int(tokens.size)}
     recorded = meta.get("data")
     if data_dir is None and isinstance(recorded, dict):
