@@ -228,17 +228,20 @@ def test_a_second_preparer_waits_for_the_lock(tmp_path):
 def test_single_text_file_is_split_into_documents(tmp_path):
     """Seen: a plain-text file was one document, always refused ("train split is empty")."""
     book = tmp_path / "book.txt"
-    paragraphs = [f"Paragraph {i}. " + "word " * 400 for i in range(30)]
+    paragraphs = [f"Paragraph {i}. " + "word " * 40 for i in range(30)]
     book.write_text("\n\n".join(paragraphs) + "\n")
     docs = list(iter_documents(str(book)))
-    assert len(docs) > 2 and all(len(d) <= DOC_CHARS for d in docs)
-    assert "\n\n".join(docs) == book.read_text()  # cut only at paragraph breaks, in order
+    assert docs == [*paragraphs[:-1], paragraphs[-1] + "\n"]
+    long_line = "x" * (DOC_CHARS + 10)
+    book.write_text(f"short\n\n{long_line}\nend")
+    assert list(iter_documents(str(book))) == ["short", "x" * DOC_CHARS, "x" * 10 + "\nend"]
+    book.write_text("\n\n".join(paragraphs) + "\n")
     out = prepare(book, tmp_path / "out", val_fraction=0.5)
     assert load_manifest(out)["documents"] == len(docs)
 
 
 def test_split_text_rules():
-    assert list(split_text("a\n\n\nb\n \nc", max_chars=4)) == ["a\n\nb", "c"]
+    assert list(split_text("a\n\n\nb\n \nc", max_chars=4)) == ["a", "b", "c"]
     assert list(split_text("line1\nline2\nline3", max_chars=12)) == ["line1\nline2\n", "line3"]
     assert list(split_text("x" * 10, max_chars=4)) == ["xxxx", "xxxx", "xx"]
     assert list(split_text("")) == []

@@ -7,8 +7,8 @@
   is the default corpus. Files are visited in a fixed sorted order; site-packages/dist-packages are
   excluded so installed third-party code never changes the corpus.
 * a local path -- a ``.jsonl`` file (one document per line, taken from its ``"text"`` field), any
-  other single file (split into documents at blank lines, each at most ``DOC_CHARS`` characters,
-  so that one book or log is a usable corpus), or a folder searched recursively in sorted order
+  other single file (split into documents at blank lines, a longer paragraph cut at
+  ``DOC_CHARS`` characters, so that one book or log is a usable corpus), or a folder searched recursively in sorted order
   for ``.txt``, ``.md``, ``.rst`` and ``.py`` files (one document each) and ``.jsonl`` files;
   other files (``.json`` included) are skipped and counted by extension, as are site-packages,
   dist-packages and __pycache__ folders.
@@ -154,20 +154,14 @@ def _read_text(path: Path, encoding: str = "utf-8", report: CorpusReport | None 
 
 
 def split_text(text: str, max_chars: int = DOC_CHARS) -> Iterator[str]:
-    """Documents of a single text file: paragraphs (split at blank lines) merged in order up to
-    ``max_chars``; a longer paragraph is cut at line breaks (or hard, if a line is longer)."""
-    doc = ""
+    """Documents of a single text file: its paragraphs (split at blank lines), a paragraph longer
+    than ``max_chars`` cut at line breaks (or hard, if one line is longer)."""
     for para in _PARAGRAPH_BREAK.split(text):
         while para:
-            cut = len(para) if len(para) <= max_chars else (para.rfind("\n", 0, max_chars) + 1)
-            piece, para = para[: cut or max_chars], para[cut or max_chars :]
-            if doc and len(doc) + 2 + len(piece) > max_chars:
-                yield doc
-                doc = piece
-            else:
-                doc = f"{doc}\n\n{piece}" if doc else piece
-    if doc:
-        yield doc
+            cut = len(para) if len(para) <= max_chars else para.rfind("\n", 0, max_chars) + 1
+            cut = cut or max_chars
+            yield para[:cut]
+            para = para[cut:]
 
 
 def _jsonl_documents(path: Path, encoding: str, report: CorpusReport | None) -> Iterator[str]:
