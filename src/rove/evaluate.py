@@ -201,10 +201,11 @@ def _held_out_tokens(
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """(evaluation tokens, what they are) for a checkpoint's ``meta``.
 
-    ``data`` (a corpus name, file or folder) is tokenized whole with the checkpoint's tokenizer;
-    ``data_dir`` is a prepared dataset whose val split is used. Without either, the val split of
-    the dataset the run recorded, checked against the manifest hash it recorded; checkpoints
-    from before data identity was recorded fall back to their config's data folder.
+    ``data`` (a corpus name, file or folder) is tokenized with the checkpoint's tokenizer (up
+    to ``HELD_OUT_MAX_TOKENS``); ``data_dir`` is a prepared dataset whose val split is used.
+    Without either, the val split of the dataset the run recorded, checked against the manifest
+    hash it recorded; checkpoints from before data identity was recorded fall back to their
+    config's data folder.
     """
     from rove.data import (
         check_tokenizer_identity,
