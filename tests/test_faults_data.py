@@ -376,6 +376,22 @@ def test_data_changed_under_a_running_job_stops_it(tmp_path, monkeypatch):
         train(cfg, progress=False)
 
 
+def test_resume_on_changed_data_is_refused(tmp_path):
+    src = corpus_file(tmp_path / "c.jsonl", n_docs=100, words=60)
+    data = prepare(src, tmp_path / "data", val_fraction=0.1)
+    cfg = TrainConfig(
+        preset="nano", data_dir=str(data), out_dir=str(tmp_path / "runs"), max_steps=2,
+        warmup_steps=1, eval_interval=0, eval_tokens=256, checkpoint_interval=0, dtype="fp32",
+        seq_len=32, micro_batch=4, tokens_per_step=128,
+    )  # fmt: skip
+    run_dir = train(cfg, progress=False)
+    prepare(src, data, val_fraction=0.1, force=True)  # the same data again: same identity
+    assert train(cfg, progress=False, resume=True) == run_dir  # finished: nothing to do
+    prepare(src, data, val_fraction=0.2)  # other data in the run's folder
+    with pytest.raises(ValueError, match=r"cannot resume .* differ .* \(manifest hash\)"):
+        train(cfg, progress=False, resume=True)
+
+
 # --- runs record their data; eval finds and verifies it -------------------------------------
 
 

@@ -565,8 +565,11 @@ def _write_dataset(
 
 
 def manifest_sha256(data_dir: str | Path) -> str:
-    """sha256 of the dataset's ``manifest.json`` bytes (which pin every shard's token count)."""
-    return hashlib.sha256((Path(data_dir) / MANIFEST_NAME).read_bytes()).hexdigest()
+    """sha256 of the dataset's manifest (canonical JSON), which pins its settings and every
+    shard's token count. The ``created`` record (time, worker count) is left out, so preparing
+    the same data again keeps the hash, while any other change alters it."""
+    manifest = {k: v for k, v in load_manifest(data_dir).items() if k != "created"}
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
 
 
 def data_identity(data_dir: str | Path) -> dict:

@@ -319,6 +319,12 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         if not isinstance(ckpt.meta.get("loader"), dict) or not ckpt.meta.get("rng"):
             raise CheckpointError(f"{latest}: not a training checkpoint (no loader/RNG state)")
         _check_resumable(ckpt.meta["train_config"], cfg.to_dict(), latest)
+        recorded = ckpt.meta.get("data")
+        if isinstance(recorded, dict) and recorded["manifest_sha256"] != data["manifest_sha256"]:
+            raise ValueError(
+                f"cannot resume {latest}: its data ({recorded['dir']}) differ from {data['dir']} "
+                "now (manifest hash); resume on the dataset the run started with"
+            )
         check_tokenizer_identity(ckpt.meta["tokenizer"], tok_identity, f"checkpoint {latest}")
         restore_model(raw, ckpt)
     raw.to(info.device)
