@@ -1,10 +1,11 @@
 """Training-step throughput: RoPE vs RoVE through rove's own step, and a minimal reference step.
 
-What is timed is one optimizer step exactly as ``rove.train`` runs it (``train_step``: bf16
-autocast forward, backward, global-norm clipping, AdamW, the loss read back to the host) on a
-fixed random batch, so data loading is excluded. Variants are timed through ``harness``:
-interleaved rounds in a rotating order, medians with interquartile ranges, ratios paired per
-round; compare the ratios, not the absolute numbers. Every run is appended to RESULTS.md.
+What is timed is one optimizer step exactly as ``rove.train`` runs it (``train_step``: forward
+in the precision ``--dtype`` resolves to (``auto``: bf16 autocast where native), backward,
+global-norm clipping, AdamW, the loss read back to the host) on a fixed random batch, so data
+loading is excluded. Variants are timed through ``harness``: interleaved rounds in a rotating
+order, medians with interquartile ranges, ratios paired per round; compare the ratios, not the
+absolute numbers. Every run is appended to RESULTS.md.
 
 - CPU (default without CUDA): the tiny presets, RoPE and RoVE side by side.
 - CUDA: GPT-2 124M at batch 32 x 1024, bf16, compiled: RoPE, RoVE, and a minimal compiled
@@ -31,9 +32,10 @@ import torch.nn.functional as F
 
 import harness
 from rove.model import GPT, GPTConfig
-from rove.train.config import DTYPES, TrainConfig, build_model_config
+from rove.precision import DTYPES, autocast_dtype, describe_precision
+from rove.train.config import TrainConfig, build_model_config
 from rove.train.distributed import DistInfo
-from rove.train.loop import autocast_dtype, configure_optimizer, train_step
+from rove.train.loop import configure_optimizer, train_step
 from rove.train.metrics import mfu, peak_bf16_flops
 
 BYTE_VOCAB = 257
@@ -118,7 +120,9 @@ VARIANTS = ("rope", "rove", "nope", "reference")
 
 def bench_config(preset: str, args: argparse.Namespace) -> TrainConfig:
     """The preset's CPU/GPU recipe with the benchmark's batch (one micro-step per step)."""
-    base = TrainConfig(preset=preset, seq_len=args.seq_len, compile=args.compile).resolve()
+    base = TrainConfig(
+        preset=preset, seq_len=args.seq_len, compile=args.compile, dtype=args.dtype
+    ).resolve()
     batch = args.batch or base.micro_batch
     return dataclasses.replace(base, micro_batch=batch, tokens_per_step=batch * base.seq_len)
 
@@ -211,8 +215,8 @@ def run(args: argparse.Namespace) -> str:
                 f"{rope_ref:.3f} (goal <= 1.0 compiled: {'met' if rope_ref <= 1.0 else 'missed'})"
             )
     header = (
-        f"{args.dtype} autocast, compile={args.compile}, median [IQR] of {args.repeats} "
-        f"interleaved rounds (ratios paired per round)"
+        f"{describe_precision(args.dtype, device)}, compile={args.compile}, median [IQR] of "
+        f"{args.repeats} interleaved rounds (ratios paired per round)"
     )
     return "\n\n".join([header, "\n".join(lines), *goals])
 
@@ -224,8 +228,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--presets", nargs="+", help="model presets (default: by device)")
     p.add_argument("--batch", type=int, help="rows per step (default: 32 on CUDA, recipe's on CPU)")
     p.add_argument("--seq-len", type=int, help="tokens per row (default: the preset's)")
-    p.add_argument("--dtype", default="bf16", choices=DTYPES, help="autocast precision")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile")
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="auto",
+        help="auto: bf16 autocast where native (emulated bf16 would measure emulation), else fp32",
+    )  # fmt: skip
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
     p.add_argument("--repeats", type=int, default=20, help="interleaved timed rounds")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (fixed for the run)")

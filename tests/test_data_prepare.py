@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 import types
 from pathlib import Path
@@ -62,7 +63,8 @@ def test_folder_source_order_suffixes_and_exclusions(tmp_path):
     write_jsonl(tmp_path / "sub" / "e.jsonl", ["E1", "E2"])
     (tmp_path / "site-packages" / "x.py").write_text("X")
     docs = list(iter_documents(str(tmp_path)))
-    assert docs == ["A", "B", "C", "D\ufffd", "E1", "E2"]
+    assert docs == ["A", "B", "C", "E1", "E2"]  # d.rst is not UTF-8: skipped, not U+FFFD
+    assert list(iter_documents(str(tmp_path), encoding="latin-1"))[3] == "D\xff"
     assert list(iter_documents(str(tmp_path), limit=2)) == ["A", "B"]
     assert list(iter_documents(str(tmp_path / "b.txt"))) == ["B"]
 
@@ -178,10 +180,11 @@ def test_prepare_is_idempotent_and_redoes_on_change(tmp_path, monkeypatch):
     assert load_split_tokens(out, "train").size == load_manifest(out)["tokens"]["train"]
 
 
-def test_interrupted_prepare_leaves_no_manifest(tmp_path, monkeypatch):
+def test_interrupted_prepare_keeps_the_old_dataset(tmp_path, monkeypatch):
     src = write_jsonl(tmp_path / "corpus.jsonl", make_docs(30))
     out = tmp_path / "out"
     prepare_dataset(str(src), out, "byte", shard_tokens=200, progress=False, workers=1)
+    old_manifest, old_train = (out / "manifest.json").read_bytes(), load_split_tokens(out, "train")
     real_write = prep.write_shard
     written = []
 
@@ -194,9 +197,9 @@ def test_interrupted_prepare_leaves_no_manifest(tmp_path, monkeypatch):
     monkeypatch.setattr(prep, "write_shard", failing_write)
     with pytest.raises(KeyboardInterrupt):
         prepare_dataset(str(src), out, "byte", shard_tokens=100, progress=False, workers=2)
-    assert not (out / "manifest.json").exists()
-    with pytest.raises(FileNotFoundError):
-        load_split_tokens(out, "train")
+    assert (out / "manifest.json").read_bytes() == old_manifest  # old dataset untouched
+    assert np.array_equal(load_split_tokens(out, "train"), old_train)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")) == []
     monkeypatch.setattr(prep, "write_shard", real_write)
     prepare_dataset(str(src), out, "byte", shard_tokens=100, progress=False, workers=1)
     assert load_manifest(out)["settings"]["shard_tokens"] == 100
@@ -253,15 +256,17 @@ def test_argument_validation(tmp_path, monkeypatch):
 
 def test_default_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("ROVE_DATA_DIR", str(tmp_path))
-    assert default_data_dir("stdlib", "gpt2") == tmp_path / "stdlib-gpt2"
+    std = default_data_dir("stdlib", "gpt2")
+    assert std.parent == tmp_path and re.fullmatch(r"stdlib-gpt2-[0-9a-f]{12}", std.name)
     a = default_data_dir(str(tmp_path / "x" / "My Corpus"), "byte")
     b = default_data_dir(str(tmp_path / "y" / "My Corpus"), "byte")
     assert a.parent == tmp_path and a != b
-    assert a.name.startswith("my-corpus-") and a.name.endswith("-byte")
+    assert re.fullmatch(r"my-corpus-byte-[0-9a-f]{12}", a.name)
     monkeypatch.delenv("ROVE_DATA_DIR")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    expected = tmp_path / "home" / ".cache" / "rove" / "data" / "fineweb-edu-gpt2"
-    assert default_data_dir("fineweb-edu", "gpt2") == expected
+    fineweb = default_data_dir("fineweb-edu", "gpt2")
+    assert fineweb.parent == tmp_path / "home" / ".cache" / "rove" / "data"
+    assert fineweb.name.startswith("fineweb-edu-gpt2-")
 
 
 def test_load_manifest_errors(tmp_path):

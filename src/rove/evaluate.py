@@ -60,6 +60,11 @@ DEFAULT_RULER_TASKS = (
 )
 
 
+# held-out text given with --data is tokenized up to this many tokens (far more than the
+# evaluations read), so `--data stdlib` or a large folder does not tokenize everything
+HELD_OUT_MAX_TOKENS = 1 << 22
+
+
 @dataclass
 class EvalConfig:
     """What to evaluate. ``*_multiples`` scale the training length unless lengths are given."""
@@ -243,30 +248,79 @@ def evaluate_model(
     return record
 
 
-def evaluate_checkpoint(
-    path: str | Path, cfg: EvalConfig, *, device: str = "cpu", progress: bool = True
-) -> dict[str, Any]:
-    """Load a checkpoint (or run folder), find its validation data, and evaluate it."""
+def _held_out_tokens(
+    meta: dict, tokenizer: Any, data: str | None, data_dir: str | Path | None
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """(evaluation tokens, what they are) for a checkpoint's ``meta``.
+
+    ``data`` (a corpus name, file or folder) is tokenized with the checkpoint's tokenizer (up
+    to ``HELD_OUT_MAX_TOKENS``); ``data_dir`` is a prepared dataset whose val split is used.
+    Without either, the val split of the dataset the run recorded, checked against the manifest
+    hash it recorded; checkpoints from before data identity was recorded fall back to their
+    config's data folder.
+    """
     from rove.data import (
         check_tokenizer_identity,
+        data_identity,
         default_data_dir,
-        get_tokenizer,
         load_manifest,
         load_split_tokens,
+        tokenize_source,
+        verify_data_identity,
     )
+
+    if data is not None and data_dir is not None:
+        raise ValueError("give --data (raw held-out text) or --data-dir (prepared), not both")
+    if data is not None:
+        tokens = tokenize_source(data, tokenizer, max_tokens=HELD_OUT_MAX_TOKENS)
+        return tokens, {"source": data, "tokens": int(tokens.size)}
+    recorded = meta.get("data")
+    if data_dir is None and isinstance(recorded, dict):
+        folder = verify_data_identity(recorded)
+    elif data_dir is not None:
+        folder = Path(data_dir)
+    else:  # legacy checkpoint: a possibly relative folder, or the cache's folder then
+        train_cfg = meta["train_config"]
+        folder = Path(
+            train_cfg.get("data_dir")
+            or default_data_dir(
+                train_cfg["data"],
+                train_cfg["tokenizer"],
+                max_tokens=train_cfg.get("data_max_tokens"),
+            )
+        )
+        if not (folder / "manifest.json").is_file():
+            raise FileNotFoundError(
+                f"{folder}: the checkpoint's data folder was not found (relative to "
+                f"{Path.cwd()}); pass it with --data-dir, or held-out text with --data"
+            )
+    check_tokenizer_identity(
+        load_manifest(folder)["tokenizer"], tokenizer.identity(), f"data {folder}"
+    )
+    return load_split_tokens(folder, "val"), {**data_identity(folder), "split": "val"}
+
+
+def evaluate_checkpoint(
+    path: str | Path,
+    cfg: EvalConfig,
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+    data: str | None = None,
+    data_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Load a checkpoint (or run folder), find (and verify) its validation data, evaluate it.
+
+    ``data``/``data_dir`` evaluate on other held-out text instead (see ``_held_out_tokens``).
+    """
+    from rove.data import check_tokenizer_identity, get_tokenizer
     from rove.train.checkpoint import load_model
 
     model, meta = load_model(path, device=device)
     train_cfg = meta["train_config"]
     tokenizer = get_tokenizer(meta["tokenizer"]["name"])
     check_tokenizer_identity(meta["tokenizer"], tokenizer.identity(), f"checkpoint {path}")
-    data_dir = train_cfg.get("data_dir") or default_data_dir(
-        train_cfg["data"], train_cfg["tokenizer"]
-    )
-    check_tokenizer_identity(
-        load_manifest(data_dir)["tokenizer"], tokenizer.identity(), f"data {data_dir}"
-    )
-    tokens = load_split_tokens(data_dir, "val")
+    tokens, data_record = _held_out_tokens(meta, tokenizer, data, data_dir)
     with torch.inference_mode():
         record = evaluate_model(model, tokenizer, tokens, cfg, progress=progress)
     record.update(
@@ -276,6 +330,7 @@ def evaluate_checkpoint(
         step=meta["step"],
         tokens_seen=meta["tokens"],
         eval_config=dataclasses.asdict(cfg),
+        data=data_record,
     )
     return record
 
@@ -296,6 +351,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="JSON output file (default: CHECKPOINT/eval.json)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--data",
+        help="held-out text instead of the run's val split: a file, a folder or a corpus name, "
+        "tokenized with the checkpoint's tokenizer",
+    )
+    p.add_argument(
+        "--data-dir",
+        help="a prepared dataset folder whose val split to use (default: the one the run "
+        "recorded, verified against its manifest hash)",
+    )
     g = p.add_argument_group("perplexity vs length")
     g.add_argument("--no-ppl", dest="ppl", action="store_false", help="skip perplexity")
     g.add_argument("--ppl-lengths", type=int, nargs="+", help="lengths (default: multiples)")
@@ -358,10 +423,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with eval_output_lock(out):
             record = evaluate_checkpoint(
-                args.checkpoint, cfg, device=args.device, progress=not args.quiet
+                args.checkpoint,
+                cfg,
+                device=args.device,
+                progress=not args.quiet,
+                data=args.data,
+                data_dir=args.data_dir,
             )
             write_json_atomic(out, record)
-    except FolderLockedError as err:
+    except (ValueError, FileNotFoundError, FolderLockedError) as err:
         print(f"rove eval: error: {err}", file=sys.stderr)
         return 1
     print(f"wrote {out}")

@@ -9,17 +9,27 @@ Typical use::
 
 from rove.data.corpora import iter_documents
 from rove.data.loader import TokenLoader, load_split_tokens
-from rove.data.prepare import default_data_dir, load_manifest, prepare_dataset
+from rove.data.prepare import (
+    data_identity,
+    default_data_dir,
+    load_manifest,
+    prepare_dataset,
+    tokenize_source,
+    verify_data_identity,
+)
 from rove.data.tokenizers import Tokenizer, check_tokenizer_identity, get_tokenizer
 
 __all__ = [
     "TokenLoader",
     "Tokenizer",
     "check_tokenizer_identity",
+    "data_identity",
     "default_data_dir",
     "get_tokenizer",
     "iter_documents",
     "load_manifest",
     "load_split_tokens",
     "prepare_dataset",
+    "tokenize_source",
+    "verify_data_identity",
 ]

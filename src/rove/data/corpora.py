@@ -7,23 +7,33 @@
   is the default corpus. Files are visited in a fixed sorted order; site-packages/dist-packages are
   excluded so installed third-party code never changes the corpus.
 * a local path -- a ``.jsonl`` file (one document per line, taken from its ``"text"`` field), any
-  other file (the whole file is one document), or a folder searched recursively in sorted order
+  other single file (split into documents at blank lines, a longer paragraph cut at
+  ``DOC_CHARS`` characters, so that one book or log is a usable corpus), or a folder searched recursively in sorted order
   for ``.txt``, ``.md``, ``.rst`` and ``.py`` files (one document each) and ``.jsonl`` files;
-  other files (``.json`` included) are ignored, as are site-packages, dist-packages and
-  __pycache__ folders.
+  other files (``.json`` included) are skipped and counted by extension, as are site-packages,
+  dist-packages and __pycache__ folders.
 * ``"fineweb-edu"`` -- HuggingFaceFW/fineweb-edu, config ``sample-10BT``, streamed with the
   optional ``datasets`` package (``pip install rove[hf]``).
 
-Files are decoded as UTF-8 with invalid bytes replaced, and empty documents are skipped.
+Files are decoded strictly (UTF-8 unless ``encoding`` is given): a binary file (a NUL byte in its
+first 8 KiB) or one that does not decode is skipped with a warning and counted, never trained on as
+replacement characters. The walker stays inside the tree: a symbolic link to a file outside the
+folder, or a dangling one, is skipped with a warning (links to folders are not followed). What was
+read and skipped is tallied in a :class:`CorpusReport`. Empty documents are skipped.
 """
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import json
+import logging
 import os
+import re
 import sysconfig
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 FOLDER_SUFFIXES = (".txt", ".md", ".rst", ".py")
@@ -31,6 +41,61 @@ JSONL_SUFFIX = ".jsonl"
 EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 FINEWEB_EDU = ("HuggingFaceFW/fineweb-edu", "sample-10BT")
 NAMED_SOURCES = ("stdlib", "fineweb-edu")
+DOC_CHARS = 8192  # longest document cut from a single text file (~2k GPT-2 tokens)
+BINARY_SNIFF = 8192  # bytes looked at for a NUL to call a file binary
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)*")
+
+log = logging.getLogger("rove.data")
+
+
+@dataclass
+class CorpusReport:
+    """What a walk over a local corpus read and skipped (filled in while iterating)."""
+
+    files: int = 0  # files read
+    binary: list[str] = field(default_factory=list)  # skipped: NUL bytes
+    undecodable: list[str] = field(default_factory=list)  # skipped: not valid in the encoding
+    outside_links: list[str] = field(default_factory=list)  # skipped: link leaving the tree
+    dangling_links: list[str] = field(default_factory=list)  # skipped: link to nothing
+    other_extensions: Counter = field(default_factory=Counter)  # skipped by suffix: count each
+
+    def rejected(self) -> int:
+        """Files skipped for a problem (not merely for their extension)."""
+        return (
+            len(self.binary)
+            + len(self.undecodable)
+            + len(self.outside_links)
+            + len(self.dangling_links)
+        )
+
+    def skipped(self) -> int:
+        return self.rejected() + sum(self.other_extensions.values())
+
+    def summary(self) -> str:
+        """One line for people, e.g. ``read 12 files; skipped 2 not UTF-8, 3 *.json``."""
+        parts = [
+            f"{len(items)} {what}"
+            for items, what in (
+                (self.binary, "binary"),
+                (self.undecodable, "not decodable"),
+                (self.outside_links, "links out of the tree"),
+                (self.dangling_links, "dangling links"),
+            )
+            if items
+        ]
+        parts += [
+            f"{n} *{ext or '(no extension)'}" for ext, n in sorted(self.other_extensions.items())
+        ]
+        return f"read {self.files} file(s)" + (f"; skipped {', '.join(parts)}" if parts else "")
+
+    def to_dict(self) -> dict:
+        return {
+            "files": self.files,
+            "skipped_binary": len(self.binary),
+            "skipped_undecodable": len(self.undecodable),
+            "skipped_links": len(self.outside_links) + len(self.dangling_links),
+            "skipped_extensions": dict(sorted(self.other_extensions.items())),
+        }
 
 
 def stdlib_dir() -> Path:
@@ -38,23 +103,77 @@ def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def _walk_sorted(root: Path, suffixes: tuple[str, ...]) -> Iterator[Path]:
-    """Files under ``root`` ending in ``suffixes``, in sorted path order, skipping EXCLUDED_DIRS."""
+def _walk_sorted(
+    root: Path, suffixes: tuple[str, ...], report: CorpusReport | None = None
+) -> Iterator[Path]:
+    """Files under ``root`` ending in ``suffixes``, in sorted path order, skipping EXCLUDED_DIRS.
+
+    Folder links are not followed; file links are kept only if they resolve inside ``root``.
+    """
+    top = root.resolve()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in EXCLUDED_DIRS)
         for name in sorted(filenames):
-            if name.endswith(suffixes):
-                yield Path(dirpath) / name
+            path = Path(dirpath) / name
+            if not name.endswith(suffixes):
+                if report is not None:
+                    report.other_extensions[path.suffix.lower()] += 1
+                continue
+            if path.is_symlink():
+                target = path.resolve()
+                if not target.exists():
+                    _skip(report, "dangling_links", path, "dangling symbolic link")
+                    continue
+                if not target.is_relative_to(top):
+                    _skip(report, "outside_links", path, f"link to {target}, outside {top}")
+                    continue
+            yield path
 
 
-def _read_text(path: Path) -> str:
-    return path.read_bytes().decode("utf-8", errors="replace")
+def _skip(report: CorpusReport | None, kind: str, path: Path, why: str) -> None:
+    """Warn about and count a skipped file; silent without a report (e.g. when only hashing)."""
+    if report is not None:
+        log.warning("skipping %s: %s", path, why)
+        getattr(report, kind).append(str(path))
 
 
-def _jsonl_documents(path: Path) -> Iterator[str]:
+def _read_text(path: Path, encoding: str = "utf-8", report: CorpusReport | None = None) -> str:
+    """The file's text, or "" (after a warning) if it is binary or does not decode."""
+    data = path.read_bytes()
+    if b"\0" in data[:BINARY_SNIFF]:
+        _skip(report, "binary", path, "binary file (NUL bytes)")
+        return ""
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as err:
+        _skip(report, "undecodable", path, f"not {encoding} ({err.reason} at byte {err.start})")
+        return ""
+    if report is not None:
+        report.files += 1
+    return text
+
+
+def split_text(text: str, max_chars: int = DOC_CHARS) -> Iterator[str]:
+    """Documents of a single text file: its paragraphs (split at blank lines), a paragraph longer
+    than ``max_chars`` cut at line breaks (or hard, if one line is longer)."""
+    for para in _PARAGRAPH_BREAK.split(text):
+        while para:
+            cut = len(para) if len(para) <= max_chars else para.rfind("\n", 0, max_chars) + 1
+            cut = cut or max_chars
+            yield para[:cut]
+            para = para[cut:]
+
+
+def _jsonl_documents(path: Path, encoding: str, report: CorpusReport | None) -> Iterator[str]:
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
-            line = raw.decode("utf-8", errors="replace").strip()
+            try:
+                line = raw.decode(encoding).strip()
+            except UnicodeDecodeError as err:
+                _skip(
+                    report, "undecodable", path, f"line {lineno} is not {encoding} ({err.reason})"
+                )
+                continue
             if not line:
                 continue
             try:
@@ -66,16 +185,18 @@ def _jsonl_documents(path: Path) -> Iterator[str]:
             yield record["text"]
 
 
-def _path_documents(path: Path) -> Iterator[str]:
-    if path.is_dir():
-        files: Iterator[Path] = _walk_sorted(path, (*FOLDER_SUFFIXES, JSONL_SUFFIX))
-    else:
-        files = iter([path])
-    for file in files:
-        if file.suffix == JSONL_SUFFIX:
-            yield from _jsonl_documents(file)
+def _path_documents(path: Path, encoding: str, report: CorpusReport | None) -> Iterator[str]:
+    if not path.is_dir():
+        if path.suffix == JSONL_SUFFIX:
+            yield from _jsonl_documents(path, encoding, report)
         else:
-            yield _read_text(file)
+            yield from split_text(_read_text(path, encoding, report))
+        return
+    for file in _walk_sorted(path, (*FOLDER_SUFFIXES, JSONL_SUFFIX), report):
+        if file.suffix == JSONL_SUFFIX:
+            yield from _jsonl_documents(file, encoding, report)
+        else:
+            yield _read_text(file, encoding, report)
 
 
 def _fineweb_edu_documents() -> Iterator[str]:
@@ -90,20 +211,33 @@ def _fineweb_edu_documents() -> Iterator[str]:
     return (row["text"] for row in stream)
 
 
-def iter_documents(source: str, *, limit: int | None = None) -> Iterator[str]:
+def iter_documents(
+    source: str,
+    *,
+    limit: int | None = None,
+    encoding: str | None = None,
+    report: CorpusReport | None = None,
+) -> Iterator[str]:
     """Non-empty documents of ``source`` in a fixed order, at most ``limit`` of them.
 
-    Errors about the source (unknown name, missing ``datasets`` package) are raised by this
-    call, not on first iteration.
+    ``encoding`` (default UTF-8) decodes local files; ``report`` tallies what was read and
+    skipped. Errors about the source (unknown name, missing ``datasets`` package, unknown
+    encoding) are raised by this call, not on first iteration.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+    encoding = encoding or "utf-8"
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ValueError(f"unknown encoding {encoding!r}") from None
     if source == "stdlib":
-        docs: Iterator[str] = map(_read_text, _walk_sorted(stdlib_dir(), (".py",)))
+        files = _walk_sorted(stdlib_dir(), (".py",), report)
+        docs: Iterator[str] = (_read_text(f, encoding, report) for f in files)
     elif source == "fineweb-edu":
         docs = _fineweb_edu_documents()
     elif Path(source).exists():
-        docs = _path_documents(Path(source))
+        docs = _path_documents(Path(source), encoding, report)
     else:
         raise ValueError(
             f"unknown source {source!r}: expected one of {', '.join(NAMED_SOURCES)} "

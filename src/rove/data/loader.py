@@ -15,6 +15,7 @@ even with a different world size.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -26,15 +27,42 @@ from rove.data.shards import TOKEN_DTYPE, read_shard
 STATE_VERSION = 1
 
 
+@functools.lru_cache(maxsize=1024)
+def _max_token(path: str, inode: int, mtime_ns: int, size: int) -> int:
+    """Largest token id in a shard; cached per file version (the scan reads the whole file)."""
+    tokens = read_shard(path)
+    return int(tokens.max()) if len(tokens) else -1
+
+
+def _check_vocab(path: Path, vocab_size: int) -> None:
+    st = path.stat()
+    largest = _max_token(str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    if largest >= vocab_size:
+        raise ValueError(
+            f"{path}: token id {largest} is >= the tokenizer's vocab_size {vocab_size} recorded "
+            "in the manifest (corrupt shard, or shards from another tokenizer); re-prepare it"
+        )
+
+
 def _split_shards(data_dir: str | Path, split: str) -> tuple[dict, list[np.ndarray]]:
-    """(manifest, validated uint16 memory maps of the split's shards, in order)."""
+    """(manifest, validated uint16 memory maps of the split's shards, in order).
+
+    Every token id is checked against the manifest's vocabulary here, when the shards are
+    opened, rather than surfacing as an IndexError in the embedding mid-run.
+    """
     manifest = load_manifest(data_dir)
     if split not in manifest["splits"]:
         raise ValueError(
             f"{data_dir}: no split {split!r}; available: {', '.join(manifest['splits'])}"
         )
-    entries = manifest["splits"][split]
-    return manifest, [read_shard(Path(data_dir) / e["file"], e["tokens"]) for e in entries]
+    vocab_size = manifest["tokenizer"].get("vocab_size")
+    shards = []
+    for entry in manifest["splits"][split]:
+        path = Path(data_dir) / entry["file"]
+        shards.append(read_shard(path, entry["tokens"]))
+        if isinstance(vocab_size, int):
+            _check_vocab(path, vocab_size)
+    return manifest, shards
 
 
 def load_split_tokens(data_dir: str | Path, split: str) -> np.ndarray:

@@ -17,23 +17,39 @@ Design points:
 * Tokenization runs in a process pool, but results are consumed in document order, so shards
   are byte-identical whatever the worker count.
 * ``max_tokens`` caps the total (train + val) token count; the last document is truncated.
-* Idempotent: a complete manifest whose settings match is returned without work. Shards and the
-  manifest are written to temporary files and renamed into place, and any old manifest is
-  removed first, so an interrupted run never leaves a manifest pointing at partial shards.
+* Identity: everything that shapes the tokens (source identity, tokenizer identity, max_tokens,
+  val_fraction, shard size, encoding, ``PREPARE_VERSION``) forms the manifest's ``settings``, and
+  their hash (:func:`dataset_fingerprint`) names the default folder, so runs with different
+  settings never share (or re-prepare) one folder. Runs record the folder and the manifest's
+  sha256 (:func:`data_identity`) and evaluation checks both (:func:`verify_data_identity`).
+* Idempotent and atomic: a complete manifest whose settings match is returned without work.
+  Otherwise the dataset is written into a fresh private temporary folder next to the target
+  (``mkdtemp``: unpredictable name, created exclusively, so no planted file or symlink is written
+  through) and swapped into place with one atomic rename, under an exclusive ``flock`` on
+  ``.<name>.lock`` beside it; the parent folder is fsynced. A kill at any point leaves the old
+  dataset complete and usable. Only files this code wrote are ever deleted: a target folder
+  holding anything other than a rove dataset's manifest and shards is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import datetime as dt
+import errno
+import fcntl
 import hashlib
 import itertools
 import json
+import logging
 import multiprocessing as mp
 import os
 import platform
 import re
+import secrets
 import sys
+import tempfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -44,9 +60,18 @@ from tqdm import tqdm
 
 from rove import __version__
 from rove.atomic import write_json_atomic
-from rove.data.corpora import FINEWEB_EDU, NAMED_SOURCES, iter_documents, stdlib_dir
+from rove.data.corpora import (
+    FINEWEB_EDU,
+    FOLDER_SUFFIXES,
+    JSONL_SUFFIX,
+    NAMED_SOURCES,
+    CorpusReport,
+    _walk_sorted,
+    iter_documents,
+    stdlib_dir,
+)
 from rove.data.shards import MAX_VOCAB, TOKEN_DTYPE, read_header, write_shard
-from rove.data.tokenizers import get_tokenizer
+from rove.data.tokenizers import Tokenizer, get_tokenizer
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "rove-token-shards"
@@ -54,22 +79,75 @@ MANIFEST_VERSION = 1
 SPLITS = ("train", "val")
 SHARD_NAME = re.compile(r"^(train|val)_\d{6}\.bin$")
 CHUNK_DOCS = 32
+# Bump whenever the same settings would produce different tokens (document splitting, decoding,
+# EOT placement, split rule): it is part of every dataset's fingerprint.
+PREPARE_VERSION = 2
+DEFAULT_VAL_FRACTION = 0.01
+DEFAULT_SHARD_TOKENS = 100_000_000
+
+log = logging.getLogger("rove.data")
 
 
-def default_data_dir(source: str, tokenizer: str) -> Path:
-    """``$ROVE_DATA_DIR`` (default ``~/.cache/rove/data``) / ``<source-slug>-<tokenizer>``.
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
-    Named sources keep their name; a path becomes its base name plus a hash of the absolute
-    path, so two corpora called ``data`` in different folders do not collide.
+
+def dataset_settings(
+    source: str,
+    tokenizer: Tokenizer,
+    *,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    max_tokens: int | None = None,
+    encoding: str | None = None,
+) -> dict:
+    """Everything that shapes a prepared dataset's tokens, as stored in its manifest."""
+    return {
+        "source": _source_settings(source),
+        "tokenizer": tokenizer.identity(),
+        "val_fraction": val_fraction,
+        "shard_tokens": shard_tokens,
+        "max_tokens": max_tokens,
+        "encoding": encoding or "utf-8",
+        "prepare_version": PREPARE_VERSION,
+    }
+
+
+def dataset_fingerprint(settings: dict) -> str:
+    """sha256 of ``settings`` (canonical JSON): equal exactly when the datasets would be."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def default_data_dir(
+    source: str,
+    tokenizer: str,
+    *,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    max_tokens: int | None = None,
+    encoding: str | None = None,
+) -> Path:
+    """``$ROVE_DATA_DIR`` (default ``~/.cache/rove/data``) / ``<source>-<tokenizer>-<fp12>``.
+
+    ``fp12`` is the start of :func:`dataset_fingerprint` of the settings, so a different
+    ``max_tokens`` (say) gets its own folder instead of re-preparing one another job reads.
+    Named sources keep their name; a path becomes its base name (the fingerprint holds the
+    absolute path and the files' sizes and times).
     """
+    tok = get_tokenizer(tokenizer)
+    settings = dataset_settings(
+        source,
+        tok,
+        val_fraction=val_fraction,
+        shard_tokens=shard_tokens,
+        max_tokens=max_tokens,
+        encoding=encoding,
+    )
     base = os.environ.get("ROVE_DATA_DIR") or Path.home() / ".cache" / "rove" / "data"
-    if source in NAMED_SOURCES:
-        slug = source
-    else:
-        path = Path(source).expanduser().resolve()
-        name = re.sub(r"[^a-z0-9]+", "-", path.name.lower()).strip("-") or "corpus"
-        slug = f"{name}-{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
-    return Path(base).expanduser() / f"{slug}-{tokenizer}"
+    name = source if source in NAMED_SOURCES else Path(source).expanduser().resolve().name
+    slug = _slug(name) or "corpus"
+    fingerprint = dataset_fingerprint(settings)[:12]
+    return Path(base).expanduser() / f"{slug}-{_slug(tok.name) or 'tokenizer'}-{fingerprint}"
 
 
 def load_manifest(data_dir: str | Path) -> dict:
@@ -115,7 +193,23 @@ def _source_settings(source: str) -> dict:
     if source == "fineweb-edu":
         repo, config = FINEWEB_EDU
         return {"name": "fineweb-edu", "dataset": repo, "config": config, "split": "train"}
-    return {"name": "path", "path": str(Path(source).expanduser().resolve())}
+    path = Path(source).expanduser().resolve()
+    return {"name": "path", "path": str(path), "files": _files_signature(path)}
+
+
+def _files_signature(path: Path) -> str:
+    """sha256 over (relative name, size, mtime) of the files a path source reads: edits to the
+    corpus change the fingerprint without reading every byte."""
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else _walk_sorted(path, (*FOLDER_SUFFIXES, JSONL_SUFFIX))
+    for file in files:
+        try:
+            st = file.stat()
+        except OSError:  # dangling link: skipped by the walker too
+            continue
+        rel = file.name if file == path else str(file.relative_to(path))
+        digest.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def _is_complete(out_dir: Path, settings: dict) -> bool:
@@ -130,17 +224,19 @@ def _is_complete(out_dir: Path, settings: dict) -> bool:
         return False
 
 
+def _encode(tok: Tokenizer, text: str) -> np.ndarray:
+    """[EOT, *tokens of text] as uint16: shape (n + 1,)."""
+    ids = tok.encode_array(text)
+    out = np.empty(len(ids) + 1, dtype=TOKEN_DTYPE)  # (n + 1,)
+    out[0] = tok.eot_token
+    out[1:] = ids
+    return out
+
+
 def _encode_documents(tokenizer: str, texts: list[str]) -> list[np.ndarray]:
-    """[EOT, *tokens] as uint16 for each text (runs in worker processes; tokenizer per process)."""
+    """``_encode`` of each text (runs in worker processes; tokenizer built once per process)."""
     tok = get_tokenizer(tokenizer)
-    encoded = []
-    for text in texts:
-        ids = tok.encode_array(text)
-        out = np.empty(len(ids) + 1, dtype=TOKEN_DTYPE)  # (n + 1,)
-        out[0] = tok.eot_token
-        out[1:] = ids
-        encoded.append(out)
-    return encoded
+    return [_encode(tok, text) for text in texts]
 
 
 def _process_context() -> mp.context.BaseContext:
@@ -219,12 +315,111 @@ class _ShardWriter:
         self.shards.append({"file": name, "tokens": len(tokens)})
 
 
-def _remove_leftovers(out_dir: Path, keep: set[str]) -> None:
-    """Delete temporary files and shards of earlier runs that are not in ``keep``."""
-    for path in out_dir.iterdir():
-        is_tmp = path.name.startswith(".") and ".tmp-" in path.name
-        if is_tmp or (SHARD_NAME.match(path.name) and path.name not in keep):
-            path.unlink()
+def _dataset_files(folder: Path) -> set[str] | None:
+    """Names of the files a rove dataset in ``folder`` consists of (its manifest and the shards
+    the manifest lists), or None if ``folder`` has no readable rove manifest."""
+    try:
+        manifest = load_manifest(folder)
+    except (OSError, ValueError):
+        return None
+    shards = {e["file"] for split in SPLITS for e in manifest["splits"][split]}
+    return {MANIFEST_NAME, *(f for f in shards if SHARD_NAME.match(f))}
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """Refuse to replace ``out_dir`` unless it is absent, empty, or only a rove dataset."""
+    if out_dir.is_symlink():
+        raise ValueError(f"{out_dir} is a symbolic link; prepare into the folder it points to")
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ValueError(f"{out_dir} exists and is not a folder")
+    present = {p.name for p in out_dir.iterdir()}
+    foreign = sorted(present - (_dataset_files(out_dir) or set()))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (
+            f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        )
+        raise ValueError(
+            f"{out_dir} holds files that are not part of a rove dataset ({shown}); rove never "
+            "deletes files it did not write: choose a new or empty folder"
+        )
+
+
+def _remove_dataset(folder: Path, names: set[str]) -> None:
+    """Delete ``names`` (files rove wrote) in ``folder`` and the folder if that empties it."""
+    for name in names:
+        (folder / name).unlink(missing_ok=True)
+    for leftover in folder.glob(".*.tmp-*"):  # shard temp files of an interrupted write
+        if SHARD_NAME.match(leftover.name[1:].split(".tmp-")[0]) and leftover.is_file():
+            leftover.unlink()
+    with contextlib.suppress(OSError):  # not empty: something else is there, keep it
+        folder.rmdir()
+
+
+def _remove_stale_temps(out_dir: Path) -> None:
+    """Temp folders of killed prepares of ``out_dir`` (only while holding its lock)."""
+    for tmp in out_dir.parent.glob(f".{out_dir.name}.tmp-*"):
+        if tmp.is_dir() and not tmp.is_symlink():
+            names = {p.name for p in tmp.iterdir()}
+            _remove_dataset(tmp, {n for n in names if n == MANIFEST_NAME or SHARD_NAME.match(n)})
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _prepare_lock(out_dir: Path) -> Iterator[None]:
+    """Exclusive ``flock`` on ``<parent>/.<name>.lock`` (released by the kernel on any exit)."""
+    path = out_dir.parent / f".{out_dir.name}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("waiting for another process preparing %s", out_dir)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two existing paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where
+    the system cannot, so the caller falls back to two renames."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _move_into_place(tmp: Path, out_dir: Path) -> None:
+    """Make the finished dataset in ``tmp`` appear at ``out_dir`` in one step; then delete the
+    old dataset's own files (readers that opened them keep their memory maps)."""
+    old_files = _dataset_files(out_dir) if out_dir.exists() else None
+    if not out_dir.exists():
+        os.rename(tmp, out_dir)
+        _fsync_dir(out_dir.parent)
+        return
+    if _exchange(tmp, out_dir):
+        old = tmp
+    else:  # two renames: out_dir is missing for an instant in between
+        old = out_dir.parent / f".{out_dir.name}.tmp-{secrets.token_hex(8)}"
+        os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
+    _fsync_dir(out_dir.parent)
+    _remove_dataset(old, old_files or set())
 
 
 def prepare_dataset(
@@ -232,17 +427,19 @@ def prepare_dataset(
     out_dir: str | Path,
     tokenizer: str = "gpt2",
     *,
-    val_fraction: float = 0.01,
-    shard_tokens: int = 100_000_000,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
     max_tokens: int | None = None,
     workers: int | None = None,
     progress: bool = True,
     force: bool = False,
+    encoding: str | None = None,
 ) -> Path:
     """Tokenize ``source`` into shards + ``manifest.json`` in ``out_dir``; return ``out_dir``.
 
     ``val_fraction`` must be in (0, 0.5]: every ``round(1 / val_fraction)``-th document, starting
     with the first, goes to val. ``force`` re-prepares even if a matching manifest exists.
+    ``encoding`` decodes local files (default UTF-8; files that do not decode are skipped).
     """
     if not 0 < val_fraction <= 0.5:
         raise ValueError(f"val_fraction must be in (0, 0.5], got {val_fraction}")
@@ -261,26 +458,68 @@ def prepare_dataset(
             f"{MAX_VOCAB} distinct tokens"
         )
     out_dir = Path(out_dir)
-    val_every = round(1 / val_fraction)
-    settings = {
-        "source": _source_settings(source),
-        "tokenizer": tok.identity(),
-        "val_fraction": val_fraction,
-        "shard_tokens": shard_tokens,
-        "max_tokens": max_tokens,
-    }
+    settings = dataset_settings(
+        source,
+        tok,
+        val_fraction=val_fraction,
+        shard_tokens=shard_tokens,
+        max_tokens=max_tokens,
+        encoding=encoding,
+    )
     if not force and _is_complete(out_dir, settings):
         return out_dir
+    report = CorpusReport()
+    docs = iter_documents(source, encoding=encoding, report=report)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with _prepare_lock(out_dir):
+        if not force and _is_complete(out_dir, settings):  # another process just made it
+            return out_dir
+        _check_replaceable(out_dir)
+        _remove_stale_temps(out_dir)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        try:
+            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+            _write_dataset(docs, tmp, tokenizer, settings, workers, progress, report)
+            _fsync_dir(tmp)
+            _move_into_place(tmp, out_dir)
+        except BaseException:
+            if tmp.exists():
+                _remove_dataset(tmp, _dataset_files(tmp) or {p.name for p in tmp.iterdir()})
+            raise
+    if report.skipped():
+        log.log(
+            logging.WARNING if report.rejected() else logging.INFO,
+            "%s: %s",
+            source,
+            report.summary(),
+        )
+    return out_dir
 
-    docs = iter_documents(source)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
-    writers = {split: _ShardWriter(out_dir, split, shard_tokens) for split in SPLITS}
+
+def _write_dataset(
+    docs: Iterator[str],
+    folder: Path,
+    tokenizer: str,
+    settings: dict,
+    workers: int,
+    progress: bool,
+    report: CorpusReport,
+) -> None:
+    """Tokenize ``docs`` with the tokenizer called ``tokenizer`` into shards and a manifest in
+    ``folder``."""
+    tok = get_tokenizer(tokenizer)
+    source, max_tokens = settings["source"], settings["max_tokens"]
+    val_every = round(1 / settings["val_fraction"])
+    writers = {split: _ShardWriter(folder, split, settings["shard_tokens"]) for split in SPLITS}
     encoded = _encoded_documents(docs, tokenizer, workers)
     total = 0
-    desc = f"prepare {source} ({tokenizer})"
+    name = source.get("path", source["name"])
     with tqdm(
-        total=max_tokens, desc=desc, unit="tok", unit_scale=True, disable=not progress
+        total=max_tokens,
+        desc=f"prepare {name} ({tok.name})",
+        unit="tok",
+        unit_scale=True,
+        disable=not progress,
     ) as bar:
         try:
             for index, tokens in enumerate(encoded):
@@ -293,24 +532,28 @@ def prepare_dataset(
                     break
         finally:
             encoded.close()
+    n_docs = sum(w.documents for w in writers.values())
     for split, writer in writers.items():
         if writer.tokens == 0:
+            skipped = f" ({report.summary()})" if report.skipped() else ""
             raise ValueError(
-                f"source {source!r} is too small: {split} split is empty after "
-                f"{sum(w.documents for w in writers.values())} document(s); need at least 2"
+                f"source {name!r} is too small: {split} split is empty after {n_docs} "
+                f"document(s); need at least 2{skipped}"
             )
     splits = {split: writer.finish() for split, writer in writers.items()}
     manifest = {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
-        "source": source,
+        "source": source.get("path", source["name"]),
         "tokenizer": tok.identity(),
         "splits": splits,
         "tokens": {split: writer.tokens for split, writer in writers.items()},
-        "documents": sum(w.documents for w in writers.values()),
+        "documents": n_docs,
         "split_documents": {split: writer.documents for split, writer in writers.items()},
         "val_every": val_every,
         "settings": settings,
+        "fingerprint": dataset_fingerprint(settings),
+        "corpus": report.to_dict(),
         "created": {
             "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "workers": workers,
@@ -318,9 +561,66 @@ def prepare_dataset(
             "python": platform.python_version(),
         },
     }
-    write_json_atomic(out_dir / MANIFEST_NAME, manifest)
-    _remove_leftovers(out_dir, keep={e["file"] for entries in splits.values() for e in entries})
-    return out_dir
+    write_json_atomic(folder / MANIFEST_NAME, manifest)
+
+
+def manifest_sha256(data_dir: str | Path) -> str:
+    """sha256 of the dataset's manifest (canonical JSON), which pins its settings and every
+    shard's token count. The ``created`` record (time, worker count) is left out, so preparing
+    the same data again keeps the hash, while any other change alters it."""
+    manifest = {k: v for k, v in load_manifest(data_dir).items() if k != "created"}
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+def data_identity(data_dir: str | Path) -> dict:
+    """What a run records about its data: absolute folder, manifest hash and fingerprint."""
+    data_dir = Path(data_dir).resolve()
+    manifest = load_manifest(data_dir)
+    return {
+        "dir": str(data_dir),
+        "manifest_sha256": manifest_sha256(data_dir),
+        "fingerprint": manifest.get("fingerprint"),
+    }
+
+
+def verify_data_identity(identity: dict, data_dir: str | Path | None = None) -> Path:
+    """The folder of ``identity`` (or ``data_dir`` instead), checked to hold exactly the
+    dataset ``identity`` recorded; ``ValueError``/``FileNotFoundError`` name what differs."""
+    folder = Path(data_dir if data_dir is not None else identity["dir"])
+    if not (folder / MANIFEST_NAME).is_file():
+        raise FileNotFoundError(
+            f"{folder}: the run's dataset is not there (moved or deleted?); pass its folder with "
+            "--data-dir, or held-out text with --data"
+        )
+    found = manifest_sha256(folder)
+    if found != identity.get("manifest_sha256"):
+        raise ValueError(
+            f"{folder}: the dataset changed since the run recorded it (manifest sha256 "
+            f"{found[:12]}, recorded {str(identity.get('manifest_sha256'))[:12]}): it was "
+            "re-prepared or edited; to evaluate other data say so with --data-dir or --data"
+        )
+    return folder
+
+
+def tokenize_source(
+    source: str, tokenizer: Tokenizer, *, max_tokens: int | None = None, encoding: str | None = None
+) -> np.ndarray:
+    """All documents of ``source`` as one EOT-separated token stream (as ``prepare_dataset``
+    lays them out), at most ``max_tokens``: uint16, shape (N,). For held-out evaluation text."""
+    report = CorpusReport()
+    stream: list[np.ndarray] = []
+    total = 0
+    for doc in iter_documents(source, encoding=encoding, report=report):
+        tokens = _encode(tokenizer, doc)
+        stream.append(tokens)
+        total += len(tokens)
+        if max_tokens is not None and total >= max_tokens:
+            break
+    if report.rejected():
+        log.warning("%s: %s", source, report.summary())
+    if not stream:
+        raise ValueError(f"{source}: no text to evaluate on ({report.summary()})")
+    return np.concatenate(stream)[:max_tokens]
 
 
 def format_summary(manifest: dict, data_dir: str | Path) -> str:
@@ -334,6 +634,10 @@ def format_summary(manifest: dict, data_dir: str | Path) -> str:
         f"fingerprint {str(ident.get('fingerprint', ''))[:12]})",
         f"documents  {manifest.get('documents', '?')}",
     ]
+    corpus = manifest.get("corpus")
+    if corpus and corpus.get("files"):
+        skipped = {k: v for k, v in corpus.items() if k.startswith("skipped") and v}
+        lines.append(f"files      {corpus['files']} read, skipped: {skipped or 'none'}")
     for split in SPLITS:
         entries = manifest["splits"][split]
         tokens = sum(e["tokens"] for e in entries)
@@ -362,7 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         default=None,
         help="output folder (default: $ROVE_DATA_DIR or ~/.cache/rove/data, "
-        "then <source>-<tokenizer>)",
+        "then <source>-<tokenizer>-<fingerprint of the settings>)",
     )
     parser.add_argument(
         "--val-fraction",
@@ -387,6 +691,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=int, default=None, help="tokenizer processes (default: CPU count)"
     )
     parser.add_argument(
+        "--encoding",
+        default=None,
+        help="text encoding of local files (default: utf-8; files that do not decode are "
+        "skipped with a warning)",
+    )
+    parser.add_argument(
         "--force", action="store_true", help="re-prepare even if a matching dataset exists"
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
@@ -396,8 +706,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``rove data prepare``: prepare a dataset and print its summary; returns the exit code."""
     args = build_parser().parse_args(argv)
-    out = Path(args.out) if args.out else default_data_dir(args.source, args.tokenizer)
     try:
+        out = Path(args.out) if args.out else default_data_dir(
+            args.source,
+            args.tokenizer,
+            val_fraction=args.val_fraction,
+            shard_tokens=args.shard_tokens,
+            max_tokens=args.max_tokens,
+            encoding=args.encoding,
+        )  # fmt: skip
         data_dir = prepare_dataset(
             args.source,
             out,
@@ -408,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             progress=not args.no_progress,
             force=args.force,
+            encoding=args.encoding,
         )
     except (ValueError, ImportError, RuntimeError, OSError) as err:
         print(f"rove data prepare: error: {err}", file=sys.stderr)

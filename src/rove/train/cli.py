@@ -101,7 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--weight-decay", type=float, default=0.1, help="on matrices/embeddings")
     g.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm; 0 = off")
     g = p.add_argument_group("system")
-    g.add_argument("--dtype", choices=DTYPES, default="bf16", help="bf16 autocast or fp32")
+    g.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="bf16 autocast, fp32, or auto: bf16 "
+        "where the hardware has it natively, else fp32",
+    )  # fmt: skip
     g.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rove.model import POSITIONS, PRESETS, GPTConfig, get_preset
+from rove.precision import DTYPES
 from rove.train.distributed import PARALLEL
 
 __all__ = [
@@ -45,7 +46,6 @@ __all__ = [
 
 SCHEDULES = ("cosine", "wsd")
 DECAY_SHAPES = ("linear", "cosine")
-DTYPES = ("bf16", "fp32")
 TOKENIZERS = ("gpt2", "byte")
 LOGGERS = ("tensorboard", "wandb")
 VOCAB_MULTIPLE = 64
@@ -172,7 +172,7 @@ class TrainConfig:
     weight_decay: float = 0.1  # AdamW decoupled decay on >= 2-D tensors (matrices, embeddings)
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     # --- system ---
-    dtype: str = "bf16"  # "bf16" autocast (fp32 weights) where the device supports it | "fp32"
+    dtype: str = "auto"  # "auto" (bf16 where native, see rove.precision) | "bf16" autocast | "fp32"
     compile: bool | None = None  # torch.compile the model; None = on CUDA yes, on CPU no
     device: str = "auto"  # "auto" (CUDA if available, else CPU) | "cpu" | "cuda"
     parallel: str = "ddp"  # several processes: "ddp" replicas | "fsdp" (FSDP2) sharded weights

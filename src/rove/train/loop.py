@@ -51,13 +51,16 @@ from rove.atomic import write_json_atomic
 from rove.data import (
     TokenLoader,
     check_tokenizer_identity,
+    data_identity,
     default_data_dir,
     get_tokenizer,
     load_manifest,
     prepare_dataset,
+    verify_data_identity,
 )
 from rove.lock import FolderLock, FolderLockedError, acquire
 from rove.model import GPT
+from rove.precision import autocast_dtype, describe_precision
 from rove.train.checkpoint import (
     CHECKPOINTS,
     Checkpoint,
@@ -101,7 +104,6 @@ from rove.train.schedule import lr_multiplier
 __all__ = [
     "NonFiniteLossError",
     "TrainingInterrupted",
-    "autocast_dtype",
     "configure_optimizer",
     "evaluate",
     "train",
@@ -165,17 +167,6 @@ class _StopOnSignal:
             return self.signum
         flagged = torch.tensor(float(self.signum > 0), device=info.device)
         return (self.signum or signal.SIGTERM) if all_reduce_mean(flagged, info).item() else 0
-
-
-def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
-    """bf16 for ``dtype="bf16"`` on CPU or a bf16-capable GPU, else None (plain fp32)."""
-    if dtype != "bf16":
-        return None
-    if device.type == "cpu":
-        return torch.bfloat16
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return None
 
 
 def configure_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -299,7 +290,11 @@ def _prepare_data(cfg: TrainConfig, info: DistInfo, progress: bool) -> tuple[Pat
     """
     tok = get_tokenizer(cfg.tokenizer)
     explicit = cfg.data_dir is not None
-    data_dir = Path(cfg.data_dir) if explicit else default_data_dir(cfg.data, cfg.tokenizer)
+    data_dir = (
+        Path(cfg.data_dir)
+        if explicit
+        else default_data_dir(cfg.data, cfg.tokenizer, max_tokens=cfg.data_max_tokens)
+    )
     prepared = (data_dir / "manifest.json").is_file()
     if info.distributed and not prepared:
         max_tokens = f" --max-tokens {cfg.data_max_tokens}" if cfg.data_max_tokens else ""
@@ -414,10 +409,13 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
             "another run_name / out_dir"
         )
     data_dir, tok_identity = _prepare_data(cfg, info, progress)
+    data = data_identity(data_dir)  # recorded with the run; `rove eval` checks it
     # the fixed val windows must exist now, not only when the first validation runs
     TokenLoader(data_dir, "val", cfg.micro_batch, cfg.seq_len, world_size=info.world_size)
     model_cfg = build_model_config(cfg, vocab_size=tok_identity["vocab_size"])
     amp = autocast_dtype(cfg.dtype, info.device)
+    if info.is_main:
+        log.info(describe_precision(cfg.dtype, info.device))
 
     _seed_everything(cfg.seed)
     raw = GPT(model_cfg)
@@ -432,6 +430,12 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
     )
     step, elapsed_before = 0, 0.0
     if ckpt is not None:
+        recorded = ckpt.meta.get("data")
+        if isinstance(recorded, dict) and recorded["manifest_sha256"] != data["manifest_sha256"]:
+            raise ValueError(
+                f"cannot resume {latest}: its data ({recorded['dir']}) differ from {data['dir']} "
+                "now (manifest hash); resume on the dataset the run started with"
+            )
         check_tokenizer_identity(ckpt.meta["tokenizer"], tok_identity, f"checkpoint {latest}")
         restore_model(raw, ckpt)
     raw.to(info.device)
@@ -467,7 +471,8 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
                 "fingerprint": run_fingerprint(cfg.to_dict()),  # what compare checks reuse by
                 "model": model_cfg.to_dict(),
                 "tokenizer": tok_identity,
-                "data_dir": str(data_dir),
+                "data_dir": data["dir"],
+                "data": data,
                 "world_size": info.world_size,
                 "grad_accum": grad_accum,
             },
@@ -511,6 +516,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
                     "rng": rng_states,
                     "world_size": info.world_size,
                     "elapsed_s": elapsed,
+                    "data": data,
                 },
                 keep=cfg.keep_checkpoints,
             )
@@ -518,6 +524,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         return path
 
     def validate(at: int) -> float:
+        verify_data_identity(data, data_dir)  # the val set must not change under a running job
         value = evaluate(compiled, data_dir, cfg, info, amp)
         if not math.isfinite(value):
             raise NonFiniteLossError(

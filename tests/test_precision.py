@@ -1,0 +1,105 @@
+"""``dtype="auto"``: bf16 only where the hardware runs it natively (capabilities mocked)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rove import precision
+from rove.compare import DEMO_TRAIN
+from rove.precision import autocast_dtype, describe_precision, resolve_dtype
+from rove.train import TrainConfig
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    """Mock the CPU: set flags, machine, torch capability and probe ratio through the returned
+    function; the cached answer is cleared before and after."""
+
+    def configure(flags=(), machine="x86_64", capability="AVX512", ratio=0.5):
+        monkeypatch.setattr(precision, "_cpu_flags", lambda: set(flags))
+        monkeypatch.setattr(precision.platform, "machine", lambda: machine)
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        monkeypatch.setattr(precision, "_probe_bf16_ratio", lambda: ratio)
+        precision.cpu_has_native_bf16.cache_clear()
+
+    yield configure
+    precision.cpu_has_native_bf16.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("flags", "machine", "capability", "ratio", "expected"),
+    [
+        ({"avx2", "avx512f", "avx512_bf16"}, "x86_64", "AVX512", 0.5, "bf16"),  # Zen 4 / SPR
+        ({"avx2", "amx_bf16"}, "x86_64", "AVX512", 0.4, "bf16"),  # AMX
+        ({"avx2", "fma"}, "x86_64", "AVX2", 0.5, "fp32"),  # AVX2-only EPYC: flags say no
+        ({"avx512f"}, "x86_64", "AVX512", 0.5, "fp32"),  # AVX512 without bf16 (Skylake)
+        ({"avx512_bf16"}, "x86_64", "AVX2", 0.5, "fp32"),  # ATEN_CPU_CAPABILITY=avx2
+        ({"avx512_bf16"}, "x86_64", "AVX512", 30.0, "fp32"),  # ONEDNN_MAX_CPU_ISA: probe says
+        ({"fp", "asimd", "bf16"}, "aarch64", "DEFAULT", 0.8, "bf16"),  # Graviton 3
+        ({"fp", "asimd"}, "aarch64", "DEFAULT", 0.8, "fp32"),
+        (set(), "ppc64le", "VSX", 0.5, "fp32"),
+    ],
+)
+def test_auto_on_cpu(cpu, flags, machine, capability, ratio, expected):
+    cpu(flags, machine, capability, ratio)
+    assert resolve_dtype("auto", "cpu") == expected
+    assert autocast_dtype("auto", torch.device("cpu")) == (
+        torch.bfloat16 if expected == "bf16" else None
+    )
+
+
+def test_explicit_choices_are_honoured(cpu):
+    cpu(flags={"avx2"}, capability="AVX2", ratio=40.0)  # no native bf16
+    assert resolve_dtype("bf16", "cpu") == "bf16"  # asked for: emulated, but as requested
+    assert resolve_dtype("fp32", "cpu") == "fp32"
+    assert resolve_dtype("auto", "meta") == "fp32"
+    assert "no native bf16" in describe_precision("auto", "cpu")
+    with pytest.raises(ValueError, match="unknown dtype 'fp16'"):
+        resolve_dtype("fp16", "cpu")
+
+
+@pytest.mark.parametrize("supported", [True, False])
+def test_auto_on_cuda(monkeypatch, supported):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: supported)
+    expected = "bf16" if supported else "fp32"
+    assert resolve_dtype("auto", "cuda") == expected
+    assert resolve_dtype("bf16", "cuda") == expected
+
+
+def test_probe_result_is_cached(cpu, monkeypatch):
+    cpu(flags={"avx512_bf16"})
+    calls = []
+    monkeypatch.setattr(precision, "_probe_bf16_ratio", lambda: calls.append(1) or 0.5)
+    for _ in range(3):
+        resolve_dtype("auto", "cpu")
+    assert len(calls) == 1
+
+
+def test_auto_is_the_default_everywhere():
+    assert TrainConfig().dtype == "auto"
+    assert DEMO_TRAIN["dtype"] == "auto"
+    from rove.train.cli import build_parser
+
+    assert build_parser().parse_args([]).dtype == "auto"
+    with pytest.raises(ValueError, match="unknown dtype"):
+        TrainConfig(dtype="fp16")
+
+
+@pytest.mark.skipif(
+    not torch.backends.cpu.get_cpu_capability().startswith("AVX512"),
+    reason="needs a CPU whose torch kernels run at AVX512 (to emulate an AVX2-only one)",
+)
+def test_emulated_bf16_is_detected_in_a_real_process():
+    """Limiting oneDNN to AVX2 makes bf16 matmuls emulated (~30x slower here); the flags in
+    /proc/cpuinfo still say avx512_bf16, so only the probe can tell."""
+    code = "from rove.precision import resolve_dtype; print(resolve_dtype('auto', 'cpu'))"
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "fp32"
