@@ -246,7 +246,6 @@ def test_argument_validation(tmp_path):
         prepare_dataset(str(src), tmp_path / "o", "nope")
 
 
-
 def test_default_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("ROVE_DATA_DIR", str(tmp_path))
     assert default_data_dir("stdlib", "gpt2") == tmp_path / "stdlib-gpt2"

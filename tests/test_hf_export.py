@@ -9,12 +9,12 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rove.data import get_tokenizer  # noqa: E402
-from rove.hf.export import MODELING_FILE, export_model, load_exported, main  # noqa: E402
-from rove.model import GPT, GPTConfig  # noqa: E402
-from rove.train.checkpoint import save_checkpoint  # noqa: E402
+from rove.data import get_tokenizer
+from rove.hf.export import MODELING_FILE, export_model, load_exported, main
+from rove.model import GPT, GPTConfig
+from rove.train.checkpoint import save_checkpoint
 
 # (pos, extra config, forced remote code, expected HF class)
 CASES = [
@@ -37,9 +37,7 @@ CASES = [
 def random_gpt(pos: str, seed: int = 0, **extra: object) -> GPT:
     """A small GPT with non-trivial weights (biases and LayerNorms perturbed away from init)."""
     torch.manual_seed(seed)
-    cfg = GPTConfig(
-        vocab_size=257, block_size=32, n_layer=2, n_head=4, n_embd=32, pos=pos, **extra
-    )
+    cfg = GPTConfig(vocab_size=257, block_size=32, n_layer=2, n_head=4, n_embd=32, pos=pos, **extra)
     model = GPT(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():

@@ -10,12 +10,18 @@ Typical use::
 from rove.data.corpora import iter_documents
 from rove.data.loader import TokenLoader, load_split_tokens
 from rove.data.prepare import default_data_dir, load_manifest, prepare_dataset
-from rove.data.tokenizers import Tokenizer, check_tokenizer_identity, get_tokenizer
+from rove.data.tokenizers import (
+    Tokenizer,
+    check_tokenizer_identity,
+    checkpoint_tokenizer,
+    get_tokenizer,
+)
 
 __all__ = [
     "TokenLoader",
     "Tokenizer",
     "check_tokenizer_identity",
+    "checkpoint_tokenizer",
     "default_data_dir",
     "get_tokenizer",
     "iter_documents",

@@ -286,6 +286,18 @@ def get_tokenizer(name: str) -> Tokenizer:
     return _TOKENIZERS[name]()
 
 
+def checkpoint_tokenizer(meta: dict, where: str) -> Tokenizer:
+    """The tokenizer a checkpoint was trained with (``meta`` from ``load_model``), identity-checked.
+
+    The name given at training time (``train_config["tokenizer"]``, e.g. ``hf:PATH``) is tried
+    first, since an ``hf:`` identity names a content hash, not a file.
+    """
+    identity = meta["tokenizer"]
+    tokenizer = get_tokenizer(meta.get("train_config", {}).get("tokenizer") or identity["name"])
+    check_tokenizer_identity(identity, tokenizer.identity(), where)
+    return tokenizer
+
+
 def check_tokenizer_identity(expected: dict, actual: dict, what: str) -> None:
     """Raise ``ValueError`` if two tokenizer identities differ; ``what`` names the context."""
     if expected == actual:

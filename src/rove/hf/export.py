@@ -100,7 +100,10 @@ def _gpt2(model: GPT, max_positions: int) -> Any:
         for name in ("ln_1", "ln_2"):
             ln = getattr(block, name)
             sd[p + name + ".weight"], sd[p + name + ".bias"] = ln.weight, _bias(ln, c)
-    sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"] = model.ln_f.weight, _bias(model.ln_f, c)
+    sd["transformer.ln_f.weight"], sd["transformer.ln_f.bias"] = (
+        model.ln_f.weight,
+        _bias(model.ln_f, c),
+    )
     sd["lm_head.weight"] = model.lm_head.weight
     hf.load_state_dict({k: v.detach().contiguous() for k, v in sd.items()}, strict=True)
     return hf
@@ -243,13 +246,11 @@ def export_run(
     max_positions: int | None = None,
 ) -> Path:
     """Export the latest checkpoint of a run folder (or a checkpoint folder) with its tokenizer."""
-    from rove.data import check_tokenizer_identity, get_tokenizer
+    from rove.data import checkpoint_tokenizer
     from rove.train.checkpoint import load_model
 
     model, meta = load_model(run_dir)
-    hint = meta.get("train_config", {}).get("tokenizer") or meta["tokenizer"]["name"]
-    tokenizer = get_tokenizer(hint)
-    check_tokenizer_identity(meta["tokenizer"], tokenizer.identity(), f"checkpoint {run_dir}")
+    tokenizer = checkpoint_tokenizer(meta, f"checkpoint {run_dir}")
     return export_model(
         model, out_dir, tokenizer, remote_code=remote_code, max_positions=max_positions
     )

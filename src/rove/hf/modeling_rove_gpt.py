@@ -27,7 +27,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 POSITIONS = ("learned", "nope", "rope", "rove")
 # transformers 5.24 renamed the cache argument and output field from past_key_values to cache
-_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+_CACHE_FIELD = (
+    "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+)
 
 
 class RoveGPTConfig(PretrainedConfig):
