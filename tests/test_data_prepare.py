@@ -185,11 +185,11 @@ def test_interrupted_prepare_leaves_no_manifest(tmp_path, monkeypatch):
     real_write = prep.write_shard
     written = []
 
-    def failing_write(path, tokens):
+    def failing_write(path, tokens, *rest):
         if written:
             raise KeyboardInterrupt
         written.append(path)
-        real_write(path, tokens)
+        real_write(path, tokens, *rest)
 
     monkeypatch.setattr(prep, "write_shard", failing_write)
     with pytest.raises(KeyboardInterrupt):
