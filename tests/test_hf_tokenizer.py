@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tokenizers")
-from tokenizers import Tokenizer as RawTokenizer  # noqa: E402
-from tokenizers import models, pre_tokenizers  # noqa: E402
+from tokenizers import Tokenizer as RawTokenizer
+from tokenizers import models, pre_tokenizers
 
-from rove.data import get_tokenizer, load_split_tokens, prepare_dataset  # noqa: E402
-from rove.data.prepare import default_data_dir  # noqa: E402
-from rove.data.prepare import main as prepare_main  # noqa: E402
-from rove.data.shards import read_shard, write_shard  # noqa: E402
+from rove.data import get_tokenizer, load_split_tokens, prepare_dataset
+from rove.data.prepare import default_data_dir
+from rove.data.prepare import main as prepare_main
+from rove.data.shards import read_shard, write_shard
 
 EOT = "<|endoftext|>"
 

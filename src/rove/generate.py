@@ -208,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", help="run folder, checkpoint folder, or `rove export` folder")
     parser.add_argument("--prompt", required=True, help="text to continue")
     parser.add_argument("--max-tokens", type=int, default=200, help="new tokens at most")
-    parser.add_argument(
-        "--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)"
-    )
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
     parser.add_argument("--top-k", type=int, default=None, help="sample from the k most likely")
     parser.add_argument(
         "--top-p", type=float, default=None, help="sample from the top-p probability nucleus"
