@@ -53,6 +53,8 @@ def test_export_equals_rove(tmp_path, pos, extra, remote, arch):
     assert (tmp_path / MODELING_FILE.name).exists() is not stock
     hf = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=not stock).eval()
     assert type(hf).__name__ == arch
+    if not stock:  # the folder's own file, not the installed package
+        assert type(hf).__module__.startswith("transformers_modules.")
     x = torch.randint(0, 257, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=0)

@@ -19,6 +19,7 @@ uses :mod:`rove.hf.modeling_rove_gpt`, copied into the folder and loaded with
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -257,17 +258,20 @@ def export_run(
 
 
 def load_exported(path: str | Path, **kwargs: Any) -> Any:
-    """``AutoModelForCausalLM.from_pretrained(path)`` for any rove export, no remote code.
+    """Any rove export as a transformers model, without remote code (``kwargs`` go to
+    ``from_pretrained``).
 
-    Registers :mod:`rove.hf.modeling_rove_gpt`'s classes with the Auto factories first, so RoVE
-    exports load from the installed package (``kwargs`` go to ``from_pretrained``).
+    RoVE-form folders load with the installed :mod:`rove.hf.modeling_rove_gpt` classes; the
+    Auto factories are left untouched, so ``trust_remote_code=True`` elsewhere in the process
+    still runs the folder's own file.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from rove.hf.modeling_rove_gpt import RoveGPTConfig, RoveGPTForCausalLM
+    from rove.hf.modeling_rove_gpt import RoveGPTForCausalLM
 
-    AutoConfig.register("rove_gpt", RoveGPTConfig, exist_ok=True)
-    AutoModelForCausalLM.register(RoveGPTConfig, RoveGPTForCausalLM, exist_ok=True)
+    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    if config.get("model_type") == RoveGPTForCausalLM.config_class.model_type:
+        return RoveGPTForCausalLM.from_pretrained(path, **kwargs)
     return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, **kwargs)
 
 

@@ -42,7 +42,9 @@ def hf_tokenizer(tokenizer: Tokenizer) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     if isinstance(tokenizer, HFTokenizer):
-        raw = tokenizer.raw
+        from tokenizers import Tokenizer as RawTokenizer
+
+        raw = RawTokenizer.from_file(str(tokenizer.path))  # special tokens stay special here
     elif isinstance(tokenizer, ByteTokenizer):
         byte_char = {b: c for c, b in _gpt2_byte_alphabet().items()}
         raw = _byte_level_bpe({byte_char[b]: b for b in range(256)}, [], regex=False)
