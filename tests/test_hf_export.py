@@ -37,7 +37,8 @@ CASES = [
 def random_gpt(pos: str, seed: int = 0, **extra: object) -> GPT:
     """A small GPT with non-trivial weights (biases and LayerNorms perturbed away from init)."""
     torch.manual_seed(seed)
-    cfg = GPTConfig(vocab_size=257, block_size=32, n_layer=2, n_head=4, n_embd=32, pos=pos, **extra)
+    fields = {"vocab_size": 257, "block_size": 32, "n_layer": 2, "n_head": 4, "n_embd": 32}
+    cfg = GPTConfig.from_dict({**fields, "pos": pos, **extra})
     model = GPT(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -144,6 +145,15 @@ def test_export_cli_from_run_folder(tmp_path, capsys):
     ids = tok("abc", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-4, rtol=0)
+    # the padded vocabulary tail (ids 257..319 here) is never generated
+    padded = random_gpt("rove", vocab_size=320)
+    with torch.no_grad():
+        padded.lm_head.weight[257:] = 10 * padded.hidden(ids)[0, -1]  # now the argmax
+    export_model(padded, tmp_path / "padded", byte)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "padded", trust_remote_code=True)
+    assert int(hf(ids).logits[0, -1].argmax()) >= 257
+    out = hf.generate(ids, max_new_tokens=10, do_sample=False)
+    assert out.max() < 257
     assert main([str(tmp_path / "missing"), str(tmp_path / "o2")]) == 1
     assert "rove export: error" in capsys.readouterr().err
     with pytest.raises(SystemExit):

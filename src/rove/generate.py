@@ -10,6 +10,7 @@ as soon as it decodes to whole characters (a byte-level token can end mid-charac
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -79,7 +80,7 @@ def _rove_steps(model: torch.nn.Module, max_len: int) -> Step:
     )
 
     def step(ids: torch.Tensor) -> torch.Tensor:
-        return model.lm_head(model.hidden(ids, cache=cache)[0, -1])
+        return model.lm_head(model.hidden(ids.to(weight.device), cache=cache)[0, -1])
 
     return step
 
@@ -89,9 +90,10 @@ def _hf_steps(model: torch.nn.Module) -> Step:
     from rove.hf.modeling_rove_gpt import _CACHE_FIELD
 
     state: dict[str, object] = {}
+    device = next(model.parameters()).device
 
     def step(ids: torch.Tensor) -> torch.Tensor:
-        out = model(ids, use_cache=True, **state)
+        out = model(ids.to(device), use_cache=True, **state)
         state[_CACHE_FIELD] = getattr(out, _CACHE_FIELD)
         return out.logits[0, -1]
 
@@ -104,15 +106,17 @@ def _tokens(
     max_tokens: int,
     eot: int | None,
     sampler: Callable[[torch.Tensor], int],
-    device: torch.device,
+    vocab: int,
 ) -> Iterator[int]:
-    ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    """Sampled ids until ``eot``; only the tokenizer's ``vocab`` ids (the model's vocabulary can
+    be padded beyond it, e.g. to a multiple of 64)."""
+    ids = [prompt]
     for _ in range(max_tokens):
-        token = sampler(step(ids))
+        token = sampler(step(torch.tensor(ids, dtype=torch.long))[:vocab])
         if token == eot:
             return
         yield token
-        ids = torch.tensor([[token]], dtype=torch.long, device=device)
+        ids = [[token]]
 
 
 def generate_text(
@@ -148,22 +152,22 @@ def generate_text(
 
     folder = Path(path)
     with torch.inference_mode():
-        if (folder / "config.json").is_file():
+        if _is_export(folder):
             if yarn_factor is not None:
                 raise ValueError(
                     "--yarn-factor needs a run folder; an export's config.json fixes its "
                     "position encoding"
                 )
-            from transformers import AutoTokenizer
+            from transformers import PreTrainedTokenizerFast
 
             from rove.hf.export import load_exported
 
             model = load_exported(folder).to(device).eval()
-            tok = AutoTokenizer.from_pretrained(folder)
+            tok = PreTrainedTokenizerFast.from_pretrained(folder)
             eot = tok.eos_token_id
             ids = [eot] * (eot is not None) + tok(prompt, add_special_tokens=False)["input_ids"]
             step, decode = _hf_steps(model), tok.decode
-            tokens = _tokens(step, ids, max_tokens, eot, sampler, torch.device(device))
+            tokens = _tokens(step, ids, max_tokens, eot, sampler, len(tok))
             return _stream(tokens, decode, out)
         from rove.data import checkpoint_tokenizer
         from rove.train.checkpoint import load_model
@@ -175,9 +179,19 @@ def generate_text(
             raise ValueError(f"--yarn-factor needs a rotary model; this one is {model.config.pos}")
         with model.rope_scaling("yarn" if yarn_factor else None, yarn_factor or 1.0):
             step = _rove_steps(model, len(ids) + max_tokens)
-            device_ = model.wte.weight.device
-            tokens = _tokens(step, ids, max_tokens, rove_tok.eot_token, sampler, device_)
+            eot, vocab = rove_tok.eot_token, rove_tok.vocab_size
+            tokens = _tokens(step, ids, max_tokens, eot, sampler, vocab)
             return _stream(tokens, rove_tok.decode, out)
+
+
+def _is_export(folder: Path) -> bool:
+    """An HF model folder (its ``config.json`` names a ``model_type``), not a run folder (whose
+    ``config.json`` is the training recipe)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "model_type" in config
 
 
 def _stream(tokens: Iterator[int], decode: Callable[[list[int]], str], out: TextIO | None) -> str:

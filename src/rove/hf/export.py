@@ -228,6 +228,10 @@ def export_model(
     hf.generation_config = GenerationConfig(
         bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, do_sample=False
     )
+    if tokenizer is not None and model.config.vocab_size > tokenizer.vocab_size:
+        # ids of the padded vocabulary tail have no text: never generate them
+        padded = range(tokenizer.vocab_size, model.config.vocab_size)
+        hf.generation_config.suppress_tokens = list(padded)
     out.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(out)
     if getattr(hf.config, "auto_map", None):
