@@ -87,3 +87,16 @@ def test_continuation_longer_than_max_length_is_scored_in_pieces() -> None:
     assert all(t <= 16 for _, t in adapter.model.forward_shapes)
     ((_, greedy),) = adapter.loglikelihood_pairs([("ab", continuation[:-1] + "b")])
     assert not greedy  # the last piece's miss is not lost
+
+
+def test_generation_ends_at_eot_and_outside_the_vocabulary() -> None:
+    """a -> b -> EOT; x -> y -> id 299 (a padded-vocabulary id the tokenizer cannot decode)."""
+    probs = torch.full((300, 300), 1e-6)
+    for src, dst in ((A, B), (B, TOK.eot_token), (TOK.eot_token, C), (ord("x"), ord("y"))):
+        probs[src, dst] = 1.0
+    probs[ord("y"), 299] = 1.0
+    adapter = RoveLMAdapter(TableLM(torch.log(probs)), TOK)
+    assert adapter.generate_texts([("a", {"max_gen_toks": 6}), ("x", {"max_gen_toks": 6})]) == [
+        "b",
+        "y",
+    ]

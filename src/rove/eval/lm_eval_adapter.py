@@ -14,7 +14,7 @@ than ``max_length`` (default ``block_size``) lose their oldest tokens; a continu
 ``max_length`` is scored in pieces of ``max_length`` tokens. Rolling log-likelihoods use
 disjoint windows of ``max_length`` predicted tokens, each conditioned only on its own window (and the
 token before it). Generation uses the model's KV-cached ``generate``, one request at a time, and cuts the
-text at the first stop string.
+text at the end-of-text token and at the first stop string.
 """
 
 from __future__ import annotations
@@ -128,7 +128,13 @@ class RoveLMAdapter:
             idx = torch.tensor([ids], dtype=torch.long, device=device)
             with torch.inference_mode():
                 out = self.model.generate(idx, max_new, temperature=temperature, top_k=top_k)
-            text = self.tokenizer.decode(out[0, len(ids) :].tolist())
+            new = out[0, len(ids) :].tolist()
+            # the end-of-text token, or an id beyond the tokenizer (a padded vocabulary's tail,
+            # never seen in training), ends the text, as EOS does in lm-eval's HF model
+            vocab = getattr(self.tokenizer, "vocab_size", None)
+            stops = [i for i, t in enumerate(new) if t == self.tokenizer.eot_token]
+            stops += [i for i, t in enumerate(new) if vocab is not None and t >= vocab]
+            text = self.tokenizer.decode(new[: min(stops, default=len(new))])
             cuts = [text.find(s) for s in until if s and s in text]
             outputs.append(text[: min(cuts)] if cuts else text)
         return outputs
