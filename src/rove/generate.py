@@ -14,9 +14,12 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import torch
+
+if TYPE_CHECKING:
+    from rove.model import GPT
 
 __all__ = ["filter_logits", "generate_text", "main", "sample_next"]
 
@@ -63,7 +66,7 @@ def sample_next(
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def _rove_steps(model: torch.nn.Module, max_len: int) -> Step:
+def _rove_steps(model: GPT, max_len: int) -> Step:
     """Cached next-token logits of a rove ``GPT`` (first call: the prompt, then one token)."""
     from rove.kv_cache import KVCache
 
