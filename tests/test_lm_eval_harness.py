@@ -183,3 +183,27 @@ def test_rove_lm_model_args(tmp_path):
         RoveLM()
     with pytest.raises(ValueError, match="unknown rope scaling"):
         RoveLM(model=random_gpt("rope"), tokenizer=byte, rope_scaling="bogus")
+
+
+@pytest.mark.slow
+def test_rove_lm_eval_console_entry_in_subprocess(task_dir, tmp_path):
+    """The same ``rove lm-eval`` as a fresh process (registration happens in the wrapper)."""
+    model, byte = random_gpt("rope"), get_tokenizer("byte")
+    run = tmp_path / "run"
+    save_checkpoint(
+        run / "checkpoints",
+        step=1,
+        model=model,
+        optimizer=None,
+        tokens=0,
+        train_config={"tokenizer": "byte"},
+        tokenizer=byte.identity(),
+    )
+    args = ["-m", "rove.cli", "lm-eval", "--model", "rove", "--tasks", "rove_t_ppl"]
+    args += ["--model_args", f"pretrained={run},max_length=32,rope_scaling=yarn"]
+    results = run_cli([*args, "--include_path", str(task_dir)], tmp_path / "out")
+    with model.rope_scaling("yarn", 2.0):
+        adapter = RoveLMAdapter(model, byte, max_length=32)
+        texts = [d["text"] for d in PPL_DOCS]
+        expected = word_perplexity(adapter.loglikelihood_rolling_texts(texts))
+    assert results["rove_t_ppl"]["word_perplexity,none"] == pytest.approx(expected, rel=1e-4)
