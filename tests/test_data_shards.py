@@ -57,7 +57,10 @@ def _patch_int32(path, index, value):
     ("corrupt", "message"),
     [
         (lambda p: _patch_int32(p, 0, 12345), r"bad magic number: expected 20240520, found 12345"),
-        (lambda p: _patch_int32(p, 1, 2), r"unsupported shard version: expected 1, found 2"),
+        (
+            lambda p: _patch_int32(p, 1, 3),
+            r"unsupported shard version: expected one of \[1, 2\], found 3",
+        ),
         (lambda p: p.write_bytes(p.read_bytes()[:-1]), r"truncated shard: header says 5 tokens"),
         (lambda p: p.write_bytes(p.read_bytes()[:100]), r"truncated shard: 100 bytes"),
         (lambda p: p.write_bytes(p.read_bytes() + b"\0\0"), r"size mismatch.*5 tokens"),

@@ -8,8 +8,6 @@ from __future__ import annotations
 import itertools
 import math
 import sys
-import types
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -77,21 +75,28 @@ def test_make_model_without_lm_eval_says_how_to_install(monkeypatch) -> None:
         make_lm_eval_model(cycle_model(), TOK)
 
 
-def test_make_model_with_stub_lm_eval(monkeypatch) -> None:
-    class LM:  # the interface part of lm_eval.api.model.LM the wrapper relies on
-        def __init__(self) -> None:
-            self.initialised = True
+def test_continuation_longer_than_max_length_is_scored_in_pieces() -> None:
+    """A 34-token continuation on a 16-token model used to raise; every token is now scored once,
+    each conditioned on the max_length tokens before it (exact for this bigram model)."""
+    adapter = RoveLMAdapter(cycle_model(block_size=16), TOK)
+    continuation = "cabcabcabcabcabcabcabcabcabcabcabc"  # 34 tokens
+    ((ll, greedy),) = adapter.loglikelihood_pairs([("ab", continuation)])
+    ids = [TOK.eot_token, *TOK.encode("ab" + continuation)]
+    assert ll == pytest.approx(bigram_logprob(ids) - bigram_logprob(ids[:3]), rel=1e-5)
+    assert greedy
+    assert all(t <= 16 for _, t in adapter.model.forward_shapes)
+    ((_, greedy),) = adapter.loglikelihood_pairs([("ab", continuation[:-1] + "b")])
+    assert not greedy  # the last piece's miss is not lost
 
-    api_model = types.ModuleType("lm_eval.api.model")
-    api_model.LM = LM
-    monkeypatch.setitem(sys.modules, "lm_eval", types.ModuleType("lm_eval"))
-    monkeypatch.setitem(sys.modules, "lm_eval.api", types.ModuleType("lm_eval.api"))
-    monkeypatch.setitem(sys.modules, "lm_eval.api.model", api_model)
-    lm = make_lm_eval_model(cycle_model(), TOK, batch_size=2)
-    assert isinstance(lm, LM) and lm.initialised
-    req = SimpleNamespace
-    ((ll, greedy),) = lm.loglikelihood([req(args=("ab", "c"))])
-    assert ll == pytest.approx(math.log(0.5), rel=1e-5) and greedy
-    (total,) = lm.loglikelihood_rolling([req(args=("abc",))])
-    assert total == pytest.approx(3 * math.log(0.5), rel=1e-5)
-    assert lm.generate_until([req(args=("a", {"until": ["a"], "max_gen_toks": 3}))]) == ["bc"]
+
+def test_generation_ends_at_eot_and_outside_the_vocabulary() -> None:
+    """a -> b -> EOT; x -> y -> id 299 (a padded-vocabulary id the tokenizer cannot decode)."""
+    probs = torch.full((300, 300), 1e-6)
+    for src, dst in ((A, B), (B, TOK.eot_token), (TOK.eot_token, C), (ord("x"), ord("y"))):
+        probs[src, dst] = 1.0
+    probs[ord("y"), 299] = 1.0
+    adapter = RoveLMAdapter(TableLM(torch.log(probs)), TOK)
+    assert adapter.generate_texts([("a", {"max_gen_toks": 6}), ("x", {"max_gen_toks": 6})]) == [
+        "b",
+        "y",
+    ]

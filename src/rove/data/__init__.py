@@ -17,12 +17,18 @@ from rove.data.prepare import (
     tokenize_source,
     verify_data_identity,
 )
-from rove.data.tokenizers import Tokenizer, check_tokenizer_identity, get_tokenizer
+from rove.data.tokenizers import (
+    Tokenizer,
+    check_tokenizer_identity,
+    checkpoint_tokenizer,
+    get_tokenizer,
+)
 
 __all__ = [
     "TokenLoader",
     "Tokenizer",
     "check_tokenizer_identity",
+    "checkpoint_tokenizer",
     "data_identity",
     "default_data_dir",
     "get_tokenizer",

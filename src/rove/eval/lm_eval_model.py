@@ -1,0 +1,121 @@
+"""lm-evaluation-harness model type ``rove``: a run folder (or checkpoint) evaluated in place.
+
+Importing this module registers ``rove`` in lm-eval's model registry (lm-eval 0.4 has no plugin
+discovery for models, hence ``rove lm-eval``, which imports it before handing over to lm-eval's
+own CLI). Model arguments (``--model_args k=v,...``):
+
+- ``pretrained``: run folder or checkpoint folder;
+- ``max_length``: evaluation length in tokens (default: the training ``block_size``); longer
+  contexts lose their oldest tokens, longer continuations are scored in pieces;
+- ``rope_scaling`` (``yarn``, ``ntk``, ``linear``, ``dynamic-ntk``) with ``rope_factor``
+  (default ``max_length / block_size``): inference-time frequency scaling of a rotary model;
+- ``max_gen_toks`` (default 256); ``batch_size``, ``device`` and ``dtype`` (float32, bfloat16,
+  float16).
+
+The request handling itself is :class:`rove.eval.lm_eval_adapter.RoveLMAdapter`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from rove.eval.lm_eval_adapter import RoveLMAdapter
+from rove.eval.protocol import LanguageModel, Tokenizer
+
+__all__ = ["RoveLM"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _positive_int(name: str, value: Any) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
+    if number < 1 or str(number) != str(value).strip():
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return number
+
+
+def _device(device: str | None) -> str:
+    """``device``, or the CPU when it names CUDA on a machine without (lm-eval's CLI passes
+    ``cuda:0`` unless told otherwise)."""
+    if device and device.startswith("cuda") and not torch.cuda.is_available():
+        warnings.warn(f"device {device!r} is not available; evaluating on cpu", stacklevel=3)
+        return "cpu"
+    return device or "cpu"
+
+
+@register_model("rove")
+class RoveLM(LM):  # type: ignore[misc]
+    """A rove model (from ``pretrained`` or given in memory) as an lm-eval ``LM``."""
+
+    def __init__(
+        self,
+        pretrained: str | None = None,
+        *,
+        model: LanguageModel | None = None,
+        tokenizer: Tokenizer | None = None,
+        batch_size: int | str | None = 8,
+        max_batch_size: int | None = None,
+        device: str | None = None,
+        dtype: str = "float32",
+        max_length: int | str | None = None,
+        max_gen_toks: int | str = 256,
+        rope_scaling: str | None = None,
+        rope_factor: float | str | None = None,
+    ) -> None:
+        super().__init__()
+        del max_batch_size  # lm-eval passes it along; batches here are fixed-size
+        if (pretrained is None) == (model is None):
+            raise ValueError("give pretrained=RUN_DIR (a run or checkpoint folder), or a model")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if pretrained is not None:
+            from rove.data import checkpoint_tokenizer
+            from rove.train.checkpoint import load_model
+
+            model, meta = load_model(pretrained, device=_device(device))
+            tokenizer = checkpoint_tokenizer(meta, f"checkpoint {pretrained}")
+            model = model.to(DTYPES[dtype])  # type: ignore[attr-defined]
+        elif tokenizer is None:
+            raise ValueError("a model given in memory needs its tokenizer")
+        assert model is not None and tokenizer is not None
+        block = model.config.block_size
+        length = block if max_length is None else _positive_int("max_length", max_length)
+        if length > block and getattr(model.config, "pos", None) == "learned":
+            raise ValueError(
+                f"max_length {length} is beyond the learned position table ({block} positions)"
+            )
+        self._scaling = contextlib.ExitStack()
+        if rope_scaling is not None:
+            factor = max(1.0, length / block) if rope_factor is None else float(rope_factor)
+            # held for the lifetime of this LM object: every request sees the scaled model
+            self._scaling.enter_context(model.rope_scaling(rope_scaling, factor))
+        self.adapter = RoveLMAdapter(
+            model,
+            tokenizer,
+            batch_size=_positive_int("batch_size", 8 if batch_size is None else batch_size),
+            max_length=length,
+            max_gen_toks=_positive_int("max_gen_toks", max_gen_toks),
+        )
+
+    @property
+    def max_length(self) -> int:
+        return self.adapter.max_length
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[Any]:
+        return self.adapter.loglikelihood_pairs([r.args for r in requests], not disable_tqdm)
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[Any]:
+        texts = [r.args[0] for r in requests]
+        return self.adapter.loglikelihood_rolling_texts(texts, not disable_tqdm)
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        return self.adapter.generate_texts([r.args for r in requests], not disable_tqdm)

@@ -1,0 +1,70 @@
+"""Hugging Face forms of rove's tokenizers, built with the ``tokenizers`` library.
+
+Both rove tokenizers are byte-level BPE in disguise: GPT-2's is exactly that (its ``encoder.json``
+and merges, GPT-2's split pattern), and the byte tokenizer is byte-level BPE with no merges and
+the 256 byte symbols at ids 0..255, plus ``<|endoftext|>`` = 256. Building them from the same
+pieces keeps ids identical to rove's encoder, which the export tests check on mixed text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rove.data.tokenizers import (
+    EOT_TEXT,
+    ByteTokenizer,
+    GPT2Tokenizer,
+    HFTokenizer,
+    Tokenizer,
+    _bundled_gpt2_files,
+    _gpt2_byte_alphabet,
+)
+
+__all__ = ["hf_tokenizer"]
+
+
+def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], regex: bool) -> Any:
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    raw = RawTokenizer(models.BPE(vocab=vocab, merges=merges))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex)
+    raw.decoder = decoders.ByteLevel()
+    return raw
+
+
+def hf_tokenizer(tokenizer: Tokenizer) -> Any:
+    """A ``transformers.PreTrainedTokenizerFast`` with the same ids as ``tokenizer``.
+
+    EOT is the EOS and BOS token (documents start with it in training) and the padding token.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    if isinstance(tokenizer, HFTokenizer):
+        from tokenizers import Tokenizer as RawTokenizer
+
+        raw = RawTokenizer.from_file(str(tokenizer.path))  # special tokens stay special here
+    elif isinstance(tokenizer, ByteTokenizer):
+        byte_char = {b: c for c, b in _gpt2_byte_alphabet().items()}
+        raw = _byte_level_bpe({byte_char[b]: b for b in range(256)}, [], regex=False)
+    elif isinstance(tokenizer, GPT2Tokenizer):
+        encoder_json, vocab_bpe = _bundled_gpt2_files()
+        vocab = {k: v for k, v in json.loads(encoder_json).items() if k != EOT_TEXT}
+        lines = vocab_bpe.decode("utf-8").splitlines()[1:]
+        merges = [tuple(line.split()) for line in lines if line]
+        raw = _byte_level_bpe(vocab, merges, regex=True)  # type: ignore[arg-type]
+    else:
+        raise TypeError(f"no Hugging Face form for tokenizer {tokenizer!r}")
+    if isinstance(tokenizer, HFTokenizer):
+        eot = tokenizer.eot_text
+    else:
+        from tokenizers import AddedToken
+
+        raw.add_special_tokens([AddedToken(EOT_TEXT, special=True)])
+        eot = EOT_TEXT
+    if raw.token_to_id(eot) != tokenizer.eot_token:
+        raise ValueError(f"{eot!r} has id {raw.token_to_id(eot)}, expected {tokenizer.eot_token}")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token=eot, bos_token=eot, pad_token=eot, unk_token=None
+    )

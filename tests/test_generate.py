@@ -1,0 +1,103 @@
+"""``rove generate``: the sampler's filters, and streamed generation from run and export folders."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from rove.data import get_tokenizer
+from rove.generate import filter_logits, generate_text, main, sample_next
+from rove.model import GPT, GPTConfig
+from rove.train.checkpoint import save_checkpoint
+
+
+def test_top_k_and_top_p_keep_the_right_tokens():
+    logits = torch.log(torch.tensor([0.05, 0.5, 0.3, 0.15]))
+    kept = lambda out: torch.isfinite(out).nonzero().flatten().tolist()  # noqa: E731
+    assert kept(filter_logits(logits, top_k=2)) == [1, 2]
+    assert kept(filter_logits(logits, top_p=0.5)) == [1]  # 0.5 alone reaches 0.5
+    assert kept(filter_logits(logits, top_p=0.6)) == [1, 2]
+    assert kept(filter_logits(logits, top_p=0.96)) == [0, 1, 2, 3]
+    assert kept(filter_logits(logits, top_k=3, top_p=0.84)) == [1, 2]  # renormalised: 0.842
+    assert kept(filter_logits(logits, top_k=3, top_p=0.85)) == [1, 2, 3]
+    gen = torch.Generator().manual_seed(0)
+    draws = {sample_next(logits, 1.0, top_p=0.6, generator=gen) for _ in range(200)}
+    assert draws == {1, 2}
+    assert sample_next(logits, 0.0) == 1
+    for bad in ({"top_k": 0}, {"top_p": 0.0}, {"top_p": 1.5}):
+        with pytest.raises(ValueError):
+            filter_logits(logits, **bad)
+    with pytest.raises(ValueError, match="temperature"):
+        sample_next(logits, -1.0)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    # vocabulary padded past the byte tokenizer's 257, as the presets do
+    cfg = GPTConfig(vocab_size=320, block_size=16, n_layer=2, n_head=2, n_embd=32, pos="rove")
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    run = tmp_path_factory.mktemp("gen") / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"train": {"tokenizer": "byte"}}')  # as `rove train` writes
+    save_checkpoint(
+        run / "checkpoints",
+        step=1,
+        model=model,
+        optimizer=None,
+        tokens=0,
+        train_config={"tokenizer": "byte"},
+        tokenizer=get_tokenizer("byte").identity(),
+    )
+    return run, model
+
+
+class Chunks(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.chunks: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.chunks.append(text)
+        return super().write(text)
+
+
+def test_greedy_run_and_export_stream_rove_generate(run_dir, tmp_path):
+    run, model = run_dir
+    byte = get_tokenizer("byte")
+    ids, new = [byte.eot_token, *byte.encode("hello")], []
+    with torch.no_grad():  # uncached greedy reference over the tokenizer's ids only
+        for _ in range(20):
+            token = int(model(torch.tensor([ids + new]))[0, -1, :257].argmax())
+            if token == byte.eot_token:
+                break
+            new.append(token)
+    expected = byte.decode(new)
+    out = Chunks()
+    text = generate_text(run, "hello", max_tokens=20, temperature=0, out=out)
+    assert text == expected == out.getvalue()
+    assert len(out.chunks) > 1  # streamed, not written once at the end
+    pytest.importorskip("transformers")
+    from rove.hf.export import export_run
+
+    export_run(run, tmp_path / "export")
+    assert generate_text(tmp_path / "export", "hello", max_tokens=20, temperature=0) == expected
+
+
+def test_sampling_is_seeded_and_yarn_applies(run_dir, tmp_path, capsys):
+    run, _ = run_dir
+    kwargs = dict(max_tokens=30, temperature=1.0, top_k=50, top_p=0.9, seed=3)
+    first = generate_text(run, "ab", **kwargs)
+    assert first == generate_text(run, "ab", **kwargs)
+    long = generate_text(run, "x" * 40, max_tokens=8, temperature=0, yarn_factor=4.0)
+    assert long != generate_text(run, "x" * 40, max_tokens=8, temperature=0)  # 48 > 16 tokens
+    assert main([str(run), "--prompt", "ab", "--max-tokens", "5", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.strip() == generate_text(run, "ab", max_tokens=5, temperature=0)
+    assert main([str(run), "--prompt", "ab", "--yarn-factor", "0.5"]) == 1
+    assert "yarn_factor must be > 1" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing"), "--prompt", "ab"]) == 1

@@ -1,0 +1,160 @@
+"""``rove export``: HF folders that compute exactly what rove's GPT computes."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rove.data import get_tokenizer
+from rove.hf.export import MODELING_FILE, export_model, load_exported, main
+from rove.model import GPT, GPTConfig
+from rove.train.checkpoint import save_checkpoint
+
+# (pos, extra config, forced remote code, expected HF class)
+CASES = [
+    ("learned", {}, False, "GPT2LMHeadModel"),
+    ("learned", {"n_kv_head": 1, "bias": True, "tie_weights": False}, False, "GPT2LMHeadModel"),
+    ("nope", {"shared_kv": True}, False, "GPT2LMHeadModel"),
+    ("rope", {}, False, "GPTNeoXForCausalLM"),
+    ("rope", {"rotary_dim": 4, "rope_convention": "interleaved", "n_kv_head": 1, "bias": True,
+      "tie_weights": False}, False, "GPTNeoXForCausalLM"),
+    ("rove", {}, False, "RoveGPTForCausalLM"),
+    ("rove", {"rotary_dim": 4, "n_kv_head": 1, "rope_convention": "interleaved"}, False,
+     "RoveGPTForCausalLM"),
+    ("rove", {"shared_kv": True, "bias": True, "tie_weights": False}, False, "RoveGPTForCausalLM"),
+    ("learned", {}, True, "RoveGPTForCausalLM"),
+    ("nope", {"n_kv_head": 1}, True, "RoveGPTForCausalLM"),
+    ("rope", {"rotary_dim": 6}, True, "RoveGPTForCausalLM"),
+]  # fmt: skip
+
+
+def random_gpt(pos: str, seed: int = 0, **extra: object) -> GPT:
+    """A small GPT with non-trivial weights (biases and LayerNorms perturbed away from init)."""
+    torch.manual_seed(seed)
+    fields = {"vocab_size": 257, "block_size": 32, "n_layer": 2, "n_head": 4, "n_embd": 32}
+    cfg = GPTConfig.from_dict({**fields, "pos": pos, **extra})
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize(("pos", "extra", "remote", "arch"), CASES)
+def test_export_equals_rove(tmp_path, pos, extra, remote, arch):
+    model = random_gpt(pos, **extra)
+    export_model(model, tmp_path, get_tokenizer("byte"), remote_code=remote)
+    stock = arch != "RoveGPTForCausalLM"
+    assert (tmp_path / MODELING_FILE.name).exists() is not stock
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=not stock).eval()
+    assert type(hf).__name__ == arch
+    if not stock:  # the folder's own file, not the installed package
+        assert type(hf).__module__.startswith("transformers_modules.")
+    x = torch.randint(0, 257, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=0)
+    prompt = x[:, :6]
+    ours = model.generate(prompt, 12)
+    for use_cache in (True, False):
+        theirs = hf.generate(
+            prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False, use_cache=use_cache
+        )
+        assert torch.equal(theirs, ours)
+
+
+def test_rove_export_loads_without_remote_code(tmp_path):
+    model = random_gpt("rove", n_kv_head=2)
+    export_model(model, tmp_path)
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=False)
+    hf = load_exported(tmp_path).eval()
+    assert type(hf).__module__ == "rove.hf.modeling_rove_gpt"
+    x = torch.randint(0, 257, (1, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=0)
+
+
+def test_modeling_file_is_self_contained():
+    tree = ast.parse(MODELING_FILE.read_text())
+    roots = {
+        (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert roots == {"__future__", "math", "torch", "transformers"}
+
+
+@pytest.mark.parametrize("pos", ["rove", "learned"])
+def test_left_padded_batch_equals_single_rows(tmp_path, pos):
+    """Padding with an attention mask (how lm-eval and HF batch generation call it) changes
+    nothing for the real tokens."""
+    model = random_gpt(pos)
+    export_model(model, tmp_path, remote_code=True)
+    hf = load_exported(tmp_path).eval()
+    short = torch.randint(0, 256, (1, 5))
+    long = torch.randint(0, 256, (1, 9))
+    batch = torch.cat((torch.cat((torch.full((1, 4), 256), short), 1), long))
+    mask = torch.ones_like(batch)
+    mask[0, :4] = 0
+    out = hf.generate(batch, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
+    for row, ids in enumerate((short, long)):
+        single = hf.generate(ids, max_new_tokens=8, min_new_tokens=8)
+        assert torch.equal(out[row, -8:], single[0, -8:])
+        assert torch.equal(single, model.generate(ids, 8))
+
+
+@pytest.mark.parametrize("name", ["byte", "gpt2"])
+def test_tokenizer_forms_match_rove(tmp_path, name):
+    ours = get_tokenizer(name)
+    export_model(random_gpt("rope"), tmp_path, ours)
+    theirs = AutoTokenizer.from_pretrained(tmp_path)
+    text = "Hello, wörld!  It's 2024:\n\tcafé ☕ <|endoftext|> x"
+    ids = theirs(text, add_special_tokens=False)["input_ids"]
+    plain = text.replace("<|endoftext|>", "")
+    assert theirs(plain, add_special_tokens=False)["input_ids"] == ours.encode(plain)
+    assert ids.count(ours.eot_token) == 1  # the special string is the EOT token in HF form
+    assert theirs.decode(ours.encode(plain)) == plain
+    assert theirs.eos_token_id == ours.eot_token == theirs.pad_token_id
+    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == ours.eot_token
+
+
+def test_export_cli_from_run_folder(tmp_path, capsys):
+    model = random_gpt("rove")
+    byte = get_tokenizer("byte")
+    save_checkpoint(
+        tmp_path / "run" / "checkpoints",
+        step=3,
+        model=model,
+        optimizer=None,
+        tokens=0,
+        train_config={"tokenizer": "byte"},
+        tokenizer=byte.identity(),
+    )
+    assert main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    assert "exported" in capsys.readouterr().out
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "out")
+    ids = tok("abc", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-4, rtol=0)
+    # the padded vocabulary tail (ids 257..319 here) is never generated
+    padded = random_gpt("rove", vocab_size=320)
+    with torch.no_grad():
+        padded.lm_head.weight[257:] = 10 * padded.hidden(ids)[0, -1]  # now the argmax
+    export_model(padded, tmp_path / "padded", byte)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "padded", trust_remote_code=True)
+    assert int(hf(ids).logits[0, -1].argmax()) >= 257
+    out = hf.generate(ids, max_new_tokens=10, do_sample=False)
+    assert out.max() < 257
+    assert main([str(tmp_path / "missing"), str(tmp_path / "o2")]) == 1
+    assert "rove export: error" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "run"), str(tmp_path / "o3"), "--max-positions", "0"])

@@ -1,0 +1,209 @@
+"""lm-evaluation-harness end to end: ``simple_evaluate``, ``rove lm-eval`` and the stock CLI on an
+export, on local jsonl tasks (loglikelihood, multiple choice, generation, rolling perplexity).
+
+All offline: the tasks are custom yaml files in a tmp folder (``--include_path``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("lm_eval")
+pytest.importorskip("transformers")
+
+from rove.data import get_tokenizer
+from rove.eval.lm_eval_adapter import RoveLMAdapter, make_lm_eval_model
+from rove.hf.export import export_model
+from rove.model import GPT, GPTConfig
+from rove.train.checkpoint import save_checkpoint
+from test_eval_lm_eval_adapter import TOK, bigram_logprob, cycle_model
+
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+LL_DOCS = [{"context": "ab", "continuation": "ca"}, {"context": "c", "continuation": "ab"}]
+MC_DOCS = [
+    {"question": "ab", "choices": ["c", "a", "b"], "answer": 0},
+    {"question": "bc", "choices": ["b", "a"], "answer": 1},
+    {"question": "ca", "choices": ["b", "c"], "answer": 0},
+]
+GEN_DOCS = [{"question": "a", "answer": "bc"}, {"question": "b", "answer": "c"}]
+PPL_DOCS = [{"text": "abcab cab"}, {"text": "cabcabca abc ab"}]
+
+TASKS = {
+    "rove_t_ll": (LL_DOCS, "output_type: loglikelihood\ntarget_delimiter: ''\ndoc_to_text: '{{context}}'\n"
+                  "doc_to_target: '{{continuation}}'\nmetric_list:\n  - metric: acc\n"),
+    "rove_t_mc": (MC_DOCS, "output_type: multiple_choice\ntarget_delimiter: ''\ndoc_to_text: '{{question}}'\n"
+                  "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\n"
+                  "metric_list:\n  - metric: acc\n"),
+    "rove_t_gen": (GEN_DOCS, "output_type: generate_until\ndoc_to_text: '{{question}}'\n"
+                   "doc_to_target: '{{answer}}'\ngeneration_kwargs:\n  until: ['a']\n"
+                   "  max_gen_toks: 4\n  do_sample: false\nmetric_list:\n  - metric: exact_match\n"),
+    "rove_t_ppl": (PPL_DOCS, "output_type: loglikelihood_rolling\ndoc_to_text: ''\n"
+                   "doc_to_target: '{{text}}'\nmetric_list:\n  - metric: word_perplexity\n"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tasks")
+    for name, (docs, body) in TASKS.items():
+        data = root / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+        (root / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+            f"    test: {data}\ntest_split: test\n{body}"
+        )
+    return root
+
+
+def word_perplexity(logprobs: list[float]) -> float:
+    words = sum(len(d["text"].split()) for d in PPL_DOCS)
+    return math.exp(-sum(logprobs) / words)
+
+
+def run_cli(args: list[str], out: Path) -> dict:
+    env = {**os.environ, **OFFLINE, "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [sys.executable, *args, "--output_path", str(out), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = out.rglob("results_*.json")
+    return json.loads(result.read_text())["results"]
+
+
+def test_simple_evaluate_every_request_type(task_dir):
+    """Hand-computable answers from the a -> b -> c -> a cycle model through lm-eval itself."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    lm = make_lm_eval_model(cycle_model(), TOK, batch_size=2)
+    results = simple_evaluate(
+        model=lm,
+        tasks=sorted(TASKS),
+        task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+    )["results"]
+    assert results["rove_t_ll"]["acc,none"] == 1.0  # both continuations are the greedy ones
+    assert results["rove_t_mc"]["acc,none"] == 1.0
+    assert results["rove_t_gen"]["exact_match,none"] == 1.0
+    eot = TOK.eot_token
+    expected = word_perplexity([bigram_logprob([eot, *TOK.encode(d["text"])]) for d in PPL_DOCS])
+    assert results["rove_t_ppl"]["word_perplexity,none"] == pytest.approx(expected, rel=1e-5)
+
+
+def random_gpt(pos: str) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=257, block_size=16, n_layer=2, n_head=2, n_embd=32, pos=pos)
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
+def test_rove_lm_eval_cli_on_run_folder(task_dir, tmp_path, monkeypatch):
+    """``rove lm-eval --model rove --model_args pretrained=RUN_DIR``: lm-eval's real CLI, run
+    in this process (lm-eval is already imported; the stock CLI test below is a subprocess)."""
+    from rove.cli import main
+
+    model, byte = random_gpt("rove"), get_tokenizer("byte")
+    run = tmp_path / "run"
+    save_checkpoint(
+        run / "checkpoints",
+        step=1,
+        model=model,
+        optimizer=None,
+        tokens=0,
+        train_config={"tokenizer": "byte"},
+        tokenizer=byte.identity(),
+    )
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    args = ["lm-eval", "--model", "rove", "--tasks", ",".join(sorted(TASKS))]
+    args += ["--model_args", f"pretrained={run},max_length=8", "--batch_size", "2"]
+    args += ["--include_path", str(task_dir), "--output_path", str(tmp_path / "out")]
+    assert main(args) == 0
+    (result,) = (tmp_path / "out").rglob("results_*.json")
+    results = json.loads(result.read_text())["results"]
+    adapter = RoveLMAdapter(model, byte, max_length=8)
+    texts = [d["text"] for d in PPL_DOCS]
+    expected = word_perplexity(adapter.loglikelihood_rolling_texts(texts))
+    assert results["rove_t_ppl"]["word_perplexity,none"] == pytest.approx(expected, rel=1e-4)
+    scores = adapter.loglikelihood_pairs(
+        [(d["question"], c) for d in MC_DOCS for c in d["choices"]]
+    )
+    hits, i = [], 0
+    for d in MC_DOCS:
+        lls = [s[0] for s in scores[i : i + len(d["choices"])]]
+        hits.append(lls.index(max(lls)) == d["answer"])
+        i += len(d["choices"])
+    assert results["rove_t_mc"]["acc,none"] == pytest.approx(sum(hits) / len(hits))
+    assert {"rove_t_ll", "rove_t_gen"} <= set(results)
+
+
+def test_export_in_stock_lm_eval_cli(task_dir, tmp_path):
+    """``lm_eval --model hf`` on a RoVE export with the byte tokenizer in HF form: the rolling
+    perplexity (same windows: block_size tokens after an EOT) equals rove's own."""
+    model, byte = random_gpt("rove"), get_tokenizer("byte")
+    export_model(model, tmp_path / "export", byte)
+    args = ["-m", "lm_eval", "--model", "hf", "--tasks", "rove_t_ppl,rove_t_mc,rove_t_gen"]
+    args += ["--model_args", f"pretrained={tmp_path / 'export'},trust_remote_code=True"]
+    results = run_cli([*args, "--include_path", str(task_dir)], tmp_path / "out")
+    adapter = RoveLMAdapter(model, byte)  # max_length = block_size, as lm-eval's HF default
+    expected = word_perplexity(adapter.loglikelihood_rolling_texts([d["text"] for d in PPL_DOCS]))
+    assert results["rove_t_ppl"]["word_perplexity,none"] == pytest.approx(expected, rel=1e-4)
+    assert "exact_match,none" in results["rove_t_gen"]
+
+
+def test_rove_lm_model_args(tmp_path):
+    from rove.eval.lm_eval_model import RoveLM
+
+    model, byte = random_gpt("rope"), get_tokenizer("byte")
+    lm = RoveLM(model=model, tokenizer=byte, max_length="64", rope_scaling="yarn")
+    assert lm.max_length == 64
+    assert model.rotary.scaling == {"type": "yarn", "factor": 4.0, "original_max_position": 16}
+    (ll,) = lm.adapter.loglikelihood_rolling_texts(["abc" * 30])  # 91 tokens in 2 windows
+    assert math.isfinite(ll)
+    with pytest.raises(ValueError, match="learned position table"):
+        RoveLM(model=random_gpt("learned"), tokenizer=byte, max_length=32)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        RoveLM(model=model, tokenizer=byte, batch_size="auto")
+    with pytest.raises(ValueError, match="pretrained=RUN_DIR"):
+        RoveLM()
+    with pytest.raises(ValueError, match="unknown rope scaling"):
+        RoveLM(model=random_gpt("rope"), tokenizer=byte, rope_scaling="bogus")
+
+
+@pytest.mark.slow
+def test_rove_lm_eval_console_entry_in_subprocess(task_dir, tmp_path):
+    """The same ``rove lm-eval`` as a fresh process (registration happens in the wrapper)."""
+    model, byte = random_gpt("rope"), get_tokenizer("byte")
+    run = tmp_path / "run"
+    save_checkpoint(
+        run / "checkpoints",
+        step=1,
+        model=model,
+        optimizer=None,
+        tokens=0,
+        train_config={"tokenizer": "byte"},
+        tokenizer=byte.identity(),
+    )
+    args = ["-m", "rove.cli", "lm-eval", "--model", "rove", "--tasks", "rove_t_ppl"]
+    args += ["--model_args", f"pretrained={run},max_length=32,rope_scaling=yarn"]
+    results = run_cli([*args, "--include_path", str(task_dir)], tmp_path / "out")
+    with model.rope_scaling("yarn", 2.0):
+        adapter = RoveLMAdapter(model, byte, max_length=32)
+        texts = [d["text"] for d in PPL_DOCS]
+        expected = word_perplexity(adapter.loglikelihood_rolling_texts(texts))
+    assert results["rove_t_ppl"]["word_perplexity,none"] == pytest.approx(expected, rel=1e-4)
