@@ -165,8 +165,8 @@ KILL_SCRIPT = textwrap.dedent(
     from rove.data import prepare as prep
 
     real = prep.write_shard
-    def slow_write(path, tokens):
-        real(path, tokens)
+    def slow_write(path, tokens, *args):
+        real(path, tokens, *args)
         print("WROTE", path, flush=True)
         time.sleep(60)
     prep.write_shard = slow_write

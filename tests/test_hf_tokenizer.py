@@ -93,8 +93,9 @@ def test_prepare_cli_and_default_folder(tmp_path, monkeypatch, capsys):
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("w1 w69999", "w3", "w5 w2")))
     argv = ["--source", str(src), "--tokenizer", name, "--val-fraction", "0.5", "--no-progress"]
     assert prepare_main(argv) == 0
-    folder = default_data_dir(str(src), name)
-    assert folder.name.endswith(get_tokenizer(name).name.replace(":", "-"))
+    folder = default_data_dir(str(src), name, val_fraction=0.5)
+    # named by the tokenizer's content hash (then the dataset fingerprint), not by its path
+    assert f"-{get_tokenizer(name).name.replace(':', '-')}-" in folder.name
     assert f"tokenizer  {get_tokenizer(name).name} (vocab 70002" in capsys.readouterr().out
     assert (
         69999
