@@ -4,7 +4,9 @@ It bundles what must be identical for Q, K, V and O (head size, rotated channels
 convention, scaling) and turns positions into cos/sin tables. Tables are computed on demand from
 the positions (cheap: ``T x r/2`` values, float64 angles) rather than cached, so there is no state
 to go stale across devices, dtypes or ``torch.compile`` graphs; a model computes them once per
-forward and hands them to every layer.
+forward and hands them to every layer. Only the frequencies are kept per device: ``Rotary`` is
+not an ``nn.Module`` (it does not move with ``model.to``), and rebuilding the tables from CPU
+frequencies would cost a blocking host -> device copy every forward and every decoded token.
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ class Rotary:
         self._dynamic = self.scaling is not None and self.scaling.get("type") == "dynamic-ntk"
         # validates the scaling dict eagerly, so a bad config fails at construction
         self._freqs = rotary_frequencies(rotary_dim, self.base, self.scaling)
+        # float64 frequencies by device; filled ahead of use (here, and by ``prefetch`` when a
+        # ``RoveAttention`` moves) so a compiled forward never mutates it, which would recompile
+        inv_freq = self._freqs.inv_freq
+        self._inv_freq_on: dict[torch.device, torch.Tensor] = {inv_freq.device: inv_freq}
 
     def __repr__(self) -> str:
         return (
@@ -130,9 +136,25 @@ class Rotary:
 
         The YaRN attention factor is deliberately *not* folded in: V and O reuse these tables.
         """
-        if self._dynamic and seq_len is None:
-            seq_len = int(positions.max()) + 1 if positions.numel() else 0
-        return rotation_tables(positions, self.frequencies(seq_len).inv_freq, dtype)
+        if self._dynamic:  # frequencies depend on the length: computed per call, on the CPU
+            if seq_len is None:
+                seq_len = int(positions.max()) + 1 if positions.numel() else 0
+            return rotation_tables(positions, self.frequencies(seq_len).inv_freq, dtype)
+        return rotation_tables(positions, self._inv_freq(positions.device), dtype)
+
+    def prefetch(self, device: torch.device | str) -> None:
+        """Copy the frequencies to ``device`` now, so tables built there later need no host ->
+        device copy (and a compiled forward finds them in place); a no-op for dynamic NTK."""
+        if not self._dynamic:
+            # the device a tensor reports ("cuda:0", never a bare "cuda"), as positions will
+            self._inv_freq(torch.empty(0, device=device).device)
+
+    def _inv_freq(self, device: torch.device) -> torch.Tensor:
+        """The float64 ``(rotary_dim/2,)`` frequencies of a static schedule on ``device``, cached."""
+        cached = self._inv_freq_on.get(device)
+        if cached is None:
+            cached = self._inv_freq_on[device] = self._freqs.inv_freq.to(device)
+        return cached
 
     def rotate(
         self,
