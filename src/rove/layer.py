@@ -84,7 +84,7 @@ class RoveAttention(nn.Module):
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         """``.to(device)`` & co. also copy the rotary frequencies to the weights' device, once."""
         super()._apply(fn, recurse)
-        if self.rotary is not None:
+        if isinstance(self.rotary, Rotary):  # (an NDRotary is a module: it moves by itself)
             self.rotary.prefetch(self.qkv.weight.device)
         return self
 
