@@ -191,22 +191,30 @@ def test_many_tiles():
 
 @pytest.mark.parametrize(("rotate_v", "shared_kv"), [(True, False), (False, False), (False, True)])
 def test_double_backward(rotate_v, shared_kv):
-    """Each op's backward is itself differentiable (merge <-> split, rotate <-> rotate)."""
+    """Each op's backward is itself differentiable (merge <-> split, rotate <-> rotate).
+
+    Both float32 paths are held to the float64 torch path (itself gradgradcheck-ed in
+    test_kernels_torch); second derivatives through ``sin`` of O(50) values amplify float32 rounding
+    to ~1e-4, hence the tolerance, and the paths may round differently (FMA)."""
     cos, sin = tables(10, True)
     qkv = make_qkv("contiguous", (4 + (1 if shared_kv else 2) * 2) * D, torch.float32)
     kw = dict(n_head=4, n_kv_head=2, rotate_v=rotate_v, shared_kv=shared_kv)
     kw["convention"] = "interleaved"
     results = []
     paths = [
-        (split_rotate_qkv_triton, unrotate_output_triton),
-        (split_rotate_qkv_torch, unrotate_output_torch),
+        (split_rotate_qkv_triton, unrotate_output_triton, torch.float32),
+        (split_rotate_qkv_torch, unrotate_output_torch, torch.float32),
+        (split_rotate_qkv_torch, unrotate_output_torch, torch.float64),
     ]
-    for split, unrot in paths:
-        q, k, v = split(qkv, cos, sin, **kw)
-        y = unrot(q * k.repeat_interleave(2, 1) + v.repeat_interleave(2, 1), cos, sin)
-        (gx,) = torch.autograd.grad(y.square().sum(), qkv, create_graph=True)
-        results.append(torch.autograd.grad(gx.sin().sum(), qkv)[0])
-    assert_close(*results, torch.float32)
+    for split, unrot, dtype in paths:
+        x = qkv.detach().to(dtype).requires_grad_()
+        c, s = cos.to(dtype), sin.to(dtype)
+        q, k, v = split(x, c, s, **kw)
+        y = unrot(q * k.repeat_interleave(2, 1) + v.repeat_interleave(2, 1), c, s)
+        (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+        results.append(torch.autograd.grad(gx.sin().sum(), x)[0].double())
+    for r in results[:2]:
+        torch.testing.assert_close(r, results[2], rtol=1e-4, atol=5e-4)
 
 
 def test_dispatchers_route_to_triton():

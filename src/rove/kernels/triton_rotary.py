@@ -26,10 +26,10 @@ import torch
 from torch.library import triton_op
 
 from rove.kernels.torch_rotary import (
-    heads_view,
     rotate_torch,
     split_rotate_qkv_torch,
     unrotate_output_torch,
+    value_heads,
 )
 from rove.kernels.triton_kernels import (
     launch_merge_qkv,
@@ -183,14 +183,8 @@ def _merge_backward(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
     if len(outs) == 3 or (rotate_v and shared_kv):
         dv = outs[2] if len(outs) == 3 else None
     else:  # dv entered unrotated
-        dv = _value_heads(grad, *ctx.heads, shared_kv)
+        dv = value_heads(grad, *ctx.heads, shared_kv)
     return outs[0], outs[1], dv, None, None, None, None, None
-
-
-def _value_heads(qkv: torch.Tensor, n_head: int, n_kv_head: int, shared_kv: bool) -> torch.Tensor:
-    """The unrotated values ``(B, Hkv, T, D)`` as a view of a fused ``(B, T, width)`` tensor."""
-    first = n_head if shared_kv else n_head + n_kv_head
-    return heads_view(qkv, n_head, n_kv_head, shared_kv)[:, first : first + n_kv_head]
 
 
 class _SplitValueView(torch.autograd.Function):
@@ -204,7 +198,7 @@ class _SplitValueView(torch.autograd.Function):
         ctx.flags = False, shared_kv, interleaved
         ctx.save_for_backward(cos, sin)
         q, k = _split_rotate_qkv(qkv, cos, sin, n_head, n_kv_head, *ctx.flags)
-        return q, k, _value_heads(qkv, n_head, n_kv_head, shared_kv)
+        return q, k, value_heads(qkv, n_head, n_kv_head, shared_kv)
 
     @staticmethod
     def backward(ctx, dq, dk, dv):  # type: ignore[no-untyped-def,override]
