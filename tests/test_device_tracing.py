@@ -97,3 +97,48 @@ def test_compiled_model_does_not_recompile():
     with torch._dynamo.config.patch(error_on_recompile=True):
         for _ in range(2):
             compiled(idx, idx).backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("pos", ["rope", "rove"])
+def test_steady_state_step_makes_no_host_sync(pos):
+    """Forward, backward and a fused AdamW step on CUDA, then a decoded token, after warm-up:
+    with ``set_sync_debug_mode("error")`` any blocking host <-> device copy or sync raises.
+
+    (``rove.train.train_step`` reads the loss and gradient norm with ``.item()`` once per
+    optimizer step on purpose, to stop on non-finite values; that read is not in here.)
+    """
+    from rove.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    model = GPT(get_preset("nano", vocab_size=64, pos=pos)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    idx = torch.randint(0, 64, (2, 32), device="cuda")
+    cfg = model.config
+    cache = KVCache(cfg.n_layer, 1, cfg.n_kv_head or cfg.n_head, cfg.head_dim, 16, device="cuda")
+
+    def train_step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(idx, idx)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def decode() -> None:
+        with torch.no_grad():
+            model.hidden(idx[:1, :1], cache=cache)
+
+    train_step()  # warm-up: allocator, kernels, optimizer state
+    model.hidden(idx[:1, :4], cache=cache)
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train_step()
+        train_step()
+        decode()
+        decode()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    torch.cuda.synchronize()
