@@ -134,3 +134,21 @@ def test_split_allocates_only_its_outputs(rotate_v, n_rotated):
     grads = [torch.randn_like(t) for t in outs[0]]
     peak = peak_bytes(lambda: torch.autograd.grad(outs[0], qkv, grads))
     assert peak <= qkv.numel() * 4
+
+
+@pytest.mark.parametrize(("mode", "shared_kv"), [("rope", False), ("rope", True), ("rove", False)])
+def test_layer_compiles_fullgraph(mode, shared_kv):
+    """Dynamo and AOT autograd trace the split/merge Functions (whose unrotated v is a view of
+    their input) in one graph, forward and backward, matching eager."""
+    from rove import RoveAttention
+
+    torch.manual_seed(0)
+    layer = RoveAttention(32, 4, 2, mode=mode, shared_kv=shared_kv)
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    results = []
+    for fn in (compiled, layer):
+        y = fn(x)
+        results.append((y, *torch.autograd.grad(y.square().sum(), (x, layer.qkv.weight))))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
