@@ -24,6 +24,7 @@ from rove.rotary.rotation import Convention, apply_rotary, check_convention, tab
 __all__ = [
     "broadcast_tables",
     "heads_view",
+    "rotate_into",
     "rotate_torch",
     "split_rotate_qkv_torch",
     "unrotate_output_torch",
@@ -196,7 +197,7 @@ class _Split(torch.autograd.Function):
         v = (
             rotated[:, n_head + n_kv_head :]
             if rotate_v
-            else value_heads(qkv, *flags[:2], shared_kv)
+            else value_heads(qkv, n_head, n_kv_head, shared_kv)
         )
         return q, k, v
 

@@ -183,7 +183,8 @@ def _merge_backward(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
     if len(outs) == 3 or (rotate_v and shared_kv):
         dv = outs[2] if len(outs) == 3 else None
     else:  # dv entered unrotated
-        dv = value_heads(grad, *ctx.heads, shared_kv)
+        n_head, n_kv_head = ctx.heads
+        dv = value_heads(grad, n_head, n_kv_head, shared_kv)
     return outs[0], outs[1], dv, None, None, None, None, None
 
 
