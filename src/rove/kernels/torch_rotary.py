@@ -23,6 +23,7 @@ from rove.rotary.rotation import Convention, apply_rotary, check_convention, tab
 
 __all__ = [
     "broadcast_tables",
+    "empty_like_layout",
     "heads_view",
     "rotate_into",
     "rotate_torch",
@@ -103,10 +104,11 @@ def rotate_into(
     return out
 
 
-def _like(x: torch.Tensor) -> torch.Tensor:
-    """An output in ``x``'s memory layout when that is dense (a ``(B, T, H, D)``-stored view stays
-    one), else contiguous."""
-    return torch.empty_like(x, memory_format=torch.preserve_format)
+def empty_like_layout(x: torch.Tensor) -> torch.Tensor:
+    """An empty tensor like ``x`` in its memory layout when that is dense with unit channel
+    stride (a ``(B, T, H, D)``-stored view stays one, as SDPA wants it), else contiguous."""
+    out = torch.empty_like(x, memory_format=torch.preserve_format)
+    return out if out.stride(-1) == 1 else torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 def _token_major(shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
@@ -125,7 +127,7 @@ class _Rotate(torch.autograd.Function):
         inverse: bool,
         token_major: bool,
     ) -> torch.Tensor:
-        out = _token_major(x.shape, x) if token_major else _like(x)
+        out = _token_major(x.shape, x) if token_major else empty_like_layout(x)
         return rotate_into(out, x, cos, sin, convention=convention, inverse=inverse)
 
     @staticmethod

@@ -26,6 +26,7 @@ import torch
 from torch.library import triton_op
 
 from rove.kernels.torch_rotary import (
+    empty_like_layout,
     rotate_torch,
     split_rotate_qkv_torch,
     unrotate_output_torch,
@@ -47,19 +48,12 @@ def _check_4d(name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name} must have shape (B, H, T, D), got {tuple(x.shape)}")
 
 
-def _like(x: torch.Tensor) -> torch.Tensor:
-    """An output for ``x`` ``(B, H, T, D)`` in its memory layout when that is dense with unit
-    channel stride (a ``(B, T, H, D)``-stored input stays so), else contiguous."""
-    out = torch.empty_like(x, memory_format=torch.preserve_format)
-    return out if out.stride(-1) == 1 else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
 @triton_op("rove::rotate", mutates_args=())
 def _rotate(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
 ) -> torch.Tensor:
     _check_4d("x", x)
-    out = _like(x)
+    out = empty_like_layout(x)
     launch_rotate(x, out, cos, sin, interleaved=interleaved, conjugate=conjugate)
     return out
 
