@@ -86,6 +86,13 @@ class RoveAttention(nn.Module):
         self.qkv = nn.Linear(d_model, n_proj * head_dim, bias=bias)
         self.proj = nn.Linear(n_head * head_dim, d_model, bias=bias)
 
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        """``.to(device)`` & co. also copy the rotary frequencies to the weights' device, once."""
+        super()._apply(fn, recurse)
+        if isinstance(self.rotary, Rotary):  # (an NDRotary is a module: it moves by itself)
+            self.rotary.prefetch(self.qkv.weight.device)
+        return self
+
     def extra_repr(self) -> str:
         return (
             f"mode={self.mode!r}, n_head={self.n_head}, n_kv_head={self.n_kv_head}, "

@@ -1,10 +1,12 @@
 """Triton kernels for the RoPE/RoVE rotations, and their host launchers (no autograd here).
 
 Each rotation is an elementwise, memory-bound pass, so the kernels exist to touch every byte once:
-the fused QKV projection is split, transposed to the ``(B, H, T, D)`` layout SDPA wants and
-rotated in one read and one write; the attention output is inverse-rotated while being transposed
-back to ``(B, T, H * D)`` for the output projection. Layouts differ only in strides, so a few
-``@triton.jit`` helpers do all the work.
+the fused QKV projection is split into per-head q, k, v and rotated in one read and one write; the
+attention output is inverse-rotated while being written as ``(B, T, H * D)`` for the output
+projection. Layouts differ only in strides, so a few ``@triton.jit`` helpers do all the work.
+q, k and v are stored ``(B, T, H, D)`` and handed on as ``(B, H, T, D)`` views: that is the
+layout FlashAttention reads and writes natively, so SDPA's output, its gradient and the gradients
+of q, k, v all stay in it and no layer pays a transposing copy.
 
 Notable features:
 - A program handles a ``(BLOCK_T tokens, BLOCK_H heads, D channels)`` tile: the table row of a
@@ -29,6 +31,8 @@ import math
 import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.library import wrap_triton
 from triton.runtime.jit import JITFunction
 
@@ -153,7 +157,7 @@ def _segment(pid_h, n_head, n_kv_head, ROTATE_V: tl.constexpr, BLOCK_H: tl.const
 @triton.jit
 def _split_qkv_kernel(
     qkv_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
-    seq_len, n_head, n_kv_head, v_src_head,
+    seq_len, n_head, n_kv_head,
     s_b, s_t,
     s_cb, s_ct, s_sb, s_st,
     HALF: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr,
@@ -161,10 +165,11 @@ def _split_qkv_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
 ):  # fmt: skip
-    """Fused ``(B, T, width)`` -> contiguous q, k (and v) ``(B, H, T, D)``, rotated.
+    """Fused ``(B, T, width)`` -> q, k (and v) in ``(B, T, H, D)`` storage, rotated.
 
     Grid ``(T / BLOCK_T, q blocks + k blocks [+ v blocks], B)``: a program's heads all belong to
-    one output. v's source heads start at ``v_src_head`` (after k, or at k for shared KV).
+    one output. v blocks exist only for rotated, unshared values (RoVE): unrotated values are
+    views of the projection and shared ones are k, so neither is copied.
     """
     b = tl.program_id(2).to(tl.int64)
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None, None]
@@ -177,17 +182,17 @@ def _split_qkv_kernel(
     else:
         dst = v_ptr
     n_dst = tl.where(is_q, n_head, n_kv_head)
-    src_h0 = tl.where(is_q, 0, tl.where(is_k, n_head, v_src_head))
+    src_h0 = tl.where(is_q, 0, tl.where(is_k, n_head, n_head + n_kv_head))
     h = (h0 + tl.arange(0, BLOCK_H)[None, :, None]).to(tl.int64)  # int64: h * stride
     t_mask = t < seq_len
     row_mask = t_mask & (h < n_dst)
     cos, sin = _load_tables(
         cos_ptr, sin_ptr, b, t, t_mask, s_cb, s_ct, s_sb, s_st, rot, HALF, BLOCK_HALF
     )
-    dst_batch = n_dst.to(tl.int64) * seq_len * HEAD_DIM  # outputs are contiguous (B, H, T, D)
+    dst_batch = n_dst.to(tl.int64) * seq_len * HEAD_DIM  # outputs are contiguous (B, T, H, D)
     _rotate_tile(
         qkv_ptr + b * s_b, t * s_t + (src_h0 + h) * HEAD_DIM, 1,
-        dst + b * dst_batch, (h * seq_len + t) * HEAD_DIM, 1,
+        dst + b * dst_batch, (t * n_dst + h) * HEAD_DIM, 1,
         row_mask, cos, sin, HALF, HEAD_DIM, INTERLEAVED, False, BLOCK_HALF, BLOCK_PASS,
     )  # fmt: skip
 
@@ -296,6 +301,24 @@ def _check_tensors(**tensors: torch.Tensor) -> None:
         )
 
 
+def _has_data(t: torch.Tensor) -> bool:
+    """False for fake and meta tensors under ``TRITON_INTERPRET=1``.
+
+    Compiled, ``wrap_triton`` turns launches on fake tensors into graph nodes; it does not wrap
+    the interpreter's kernels, so there the launchers skip fake tensors themselves (the op
+    bodies then serve as fake implementations on CPU too, for ``opcheck`` and meta tracing).
+    A graph traced that way would lack the kernels, hence the error under proxy tracing.
+    """
+    if not INTERPRETED or not (t.device.type == "meta" or is_fake(t)):
+        return True
+    if get_proxy_mode() is not None:
+        raise RuntimeError(
+            "the interpreted Triton kernels cannot be traced into a graph (torch.compile, "
+            "make_fx); trace the torch path on CPU, or the compiled kernels on CUDA"
+        )
+    return False
+
+
 def _table_strides(
     cos: torch.Tensor, sin: torch.Tensor, bsz: int, seq: int, head_dim: int
 ) -> tuple[int, int, int, int, int]:
@@ -354,8 +377,8 @@ def launch_rotate(
 
     Arguments:
         x: ``(B, H, T, D)``, any strides.
-        out: ``(B, H, T, D)`` contiguous, or ``(B, T, H * D)`` contiguous (the transposed layout
-            the output projection wants).
+        out: ``(B, H, T, D)`` with any strides and a contiguous last dim (e.g. like ``x``), or
+            ``(B, T, H * D)`` contiguous (the layout the output projection wants).
         cos, sin: float32 ``(T, r/2)`` or ``(B, T, r/2)``, ``r <= D``.
     """
     _check_tensors(x=x, out=out, cos=cos, sin=sin)
@@ -364,19 +387,17 @@ def launch_rotate(
     bsz, n_heads, seq, head_dim = x.shape
     if out.dtype != x.dtype:
         raise ValueError(f"out dtype {out.dtype} differs from x dtype {x.dtype}")
-    if not out.is_contiguous():
-        raise ValueError("out must be contiguous")
-    if out.shape == x.shape:
+    if out.shape == x.shape and out.stride(-1) == 1:
         s_out = out.stride()
-    elif out.shape == (bsz, seq, n_heads * head_dim):
+    elif out.shape == (bsz, seq, n_heads * head_dim) and out.is_contiguous():
         s_out = (seq * n_heads * head_dim, head_dim, n_heads * head_dim, 1)  # (B, H, T, D) view
     else:
         raise ValueError(
-            f"out must have shape {tuple(x.shape)} or {(bsz, seq, n_heads * head_dim)}, "
-            f"got {tuple(out.shape)}"
+            f"out must have shape {tuple(x.shape)} with a contiguous last dim, or be contiguous "
+            f"{(bsz, seq, n_heads * head_dim)}; got {tuple(out.shape)} strides {out.stride()}"
         )
     half, *s_tab = _table_strides(cos, sin, bsz, seq, head_dim)
-    if x.numel() == 0:
+    if x.numel() == 0 or not _has_data(x):
         return
     meta = _blocks(n_heads, head_dim, half)
     grid = _grid(seq, triton.cdiv(n_heads, meta["BLOCK_H"]), bsz, meta)
@@ -398,14 +419,16 @@ def launch_split_qkv(
     shared_kv: bool,
     interleaved: bool,
 ) -> None:
-    """Split, transpose and rotate a fused projection into contiguous ``(B, H, T, D)`` q, k, v.
+    """Split and rotate a fused projection into ``(B, H, T, D)`` views of ``(B, T, H, D)`` q, k, v.
 
     Arguments:
         qkv: ``(B, T, (Hq + 2 Hkv) D)`` ``[q | k | v]``, or ``(B, T, (Hq + Hkv) D)`` ``[q | kv]``
             with ``shared_kv``; any batch/token strides, contiguous last dim.
-        q, k: outputs ``(B, Hq, T, D)``, ``(B, Hkv, T, D)``, contiguous.
-        v: output ``(B, Hkv, T, D)``: rotated values (``rotate_v``) or a copy of the unrotated
-            ones; ``None`` exactly when ``shared_kv and rotate_v`` (then v is k).
+        q, k: outputs ``(B, Hq, T, D)``, ``(B, Hkv, T, D)``: transposed views of contiguous
+            ``(B, T, H, D)`` tensors.
+        v: output ``(B, Hkv, T, D)`` for the rotated values, given exactly when ``rotate_v`` and
+            not ``shared_kv``; otherwise v is k (shared, rotated) or a view of ``qkv`` (unrotated),
+            and nothing is written for it.
     """
     named = dict(qkv=qkv, q=q, k=k, cos=cos, sin=sin)
     _check_tensors(**named, **({} if v is None else {"v": v}))
@@ -414,8 +437,11 @@ def launch_split_qkv(
             f"qkv must be (B, T, width) with a contiguous last dim, got shape {tuple(qkv.shape)} "
             f"strides {qkv.stride()}"
         )
-    if (v is None) != (shared_kv and rotate_v):
-        raise ValueError("v must be None exactly when shared_kv and rotate_v (v is then k)")
+    if (v is None) == (rotate_v and not shared_kv):
+        raise ValueError(
+            "v must be given exactly when rotate_v and not shared_kv (otherwise v is k or a view "
+            "of qkv)"
+        )
     bsz, seq, width = qkv.shape
     if q.ndim != 4 or k.ndim != 4:
         raise ValueError("q and k must have shape (B, H, T, D)")
@@ -425,21 +451,23 @@ def launch_split_qkv(
     for name, t, heads in (("q", q, n_head), ("k", k, n_kv_head), ("v", v, n_kv_head)):
         if t is None:
             continue
-        if t.shape != (bsz, heads, seq, head_dim) or not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous {(bsz, heads, seq, head_dim)}")
+        if t.shape != (bsz, heads, seq, head_dim) or not t.transpose(1, 2).is_contiguous():
+            raise ValueError(
+                f"{name} must be a (B, H, T, D) = {(bsz, heads, seq, head_dim)} view of a "
+                f"contiguous (B, T, H, D) tensor, got strides {t.stride()}"
+            )
         if t.dtype != qkv.dtype:
             raise ValueError(f"{name} dtype {t.dtype} differs from qkv dtype {qkv.dtype}")
     half, *s_tab = _table_strides(cos, sin, bsz, seq, head_dim)
-    if qkv.numel() == 0:
+    if qkv.numel() == 0 or not _has_data(qkv):
         return
     meta = _blocks(math.gcd(int(n_head), int(n_kv_head)), head_dim, half)
     n_kb = triton.cdiv(n_kv_head, meta["BLOCK_H"])
     n_blocks = triton.cdiv(n_head, meta["BLOCK_H"]) + n_kb * (1 if v is None else 2)
     grid = _grid(seq, n_blocks, bsz, meta)
-    v_src_head = n_head if shared_kv else n_head + n_kv_head
     wrap_triton(_split_qkv_kernel)[grid](
         qkv, q, k, k if v is None else v, cos, sin,
-        seq, n_head, n_kv_head, v_src_head, qkv.stride(0), qkv.stride(1), *s_tab,
+        seq, n_head, n_kv_head, qkv.stride(0), qkv.stride(1), *s_tab,
         INTERLEAVED=interleaved, ROTATE_V=rotate_v, **meta,
     )  # fmt: skip
 
@@ -489,7 +517,7 @@ def launch_merge_qkv(
     if out.dtype != dq.dtype:
         raise ValueError(f"out dtype {out.dtype} differs from dq dtype {dq.dtype}")
     half, *s_tab = _table_strides(cos, sin, bsz, seq, head_dim)
-    if out.numel() == 0:
+    if out.numel() == 0 or not _has_data(out):
         return
     meta = _blocks(math.gcd(int(n_head), int(n_kv_head)), head_dim, half)
     n_kb = triton.cdiv(n_kv_head, meta["BLOCK_H"])

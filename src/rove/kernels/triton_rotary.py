@@ -7,9 +7,13 @@ so every backward is a forward of the same kernels with the conjugate flag flipp
 
 - ``rotate``: backward is ``rotate`` with ``conjugate`` negated;
 - ``unrotate_output`` (``R^-1`` + transpose to ``(B, T, H * D)``): backward views the gradient as
-  ``(B, H, T, D)`` and rotates it forward;
+  ``(B, H, T, D)`` and rotates it forward, into the same ``(B, T, H, D)`` storage (SDPA's
+  backward then needs no copy of ``dO``);
 - ``split_rotate_qkv``: backward is ``merge_rotate_qkv``, which inverse-rotates dq, dk (and dv)
   into one ``(B, T, width)`` gradient; the two are each other's adjoint, so double backward works.
+  The op writes v only when it is rotated and not shared (RoVE): unrotated values (RoPE) are
+  views of the projection, never copied, and ``_SplitValueView`` routes their gradient into the
+  same merge so that the fused gradient is still written in one pass.
 
 The public functions below take exactly the arguments of their ``rove.kernels.torch_rotary``
 counterparts, so ``rove.kernels.dispatch`` can call either; float64 inputs take the torch path.
@@ -21,7 +25,13 @@ from __future__ import annotations
 import torch
 from torch.library import triton_op
 
-from rove.kernels.torch_rotary import rotate_torch, split_rotate_qkv_torch, unrotate_output_torch
+from rove.kernels.torch_rotary import (
+    empty_like_layout,
+    rotate_torch,
+    split_rotate_qkv_torch,
+    unrotate_output_torch,
+    value_heads,
+)
 from rove.kernels.triton_kernels import (
     launch_merge_qkv,
     launch_rotate,
@@ -43,7 +53,7 @@ def _rotate(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
 ) -> torch.Tensor:
     _check_4d("x", x)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (B, H, T, D)
+    out = empty_like_layout(x)
     launch_rotate(x, out, cos, sin, interleaved=interleaved, conjugate=conjugate)
     return out
 
@@ -75,13 +85,17 @@ def _split_rotate_qkv(
     bsz, seq, width = qkv.shape
     head_dim = qkv_head_dim(width, n_head, n_kv_head, shared_kv)
     kw = dict(dtype=qkv.dtype, device=qkv.device)
-    q = torch.empty((bsz, n_head, seq, head_dim), **kw)
-    k = torch.empty((bsz, n_kv_head, seq, head_dim), **kw)
-    v = None if shared_kv and rotate_v else torch.empty((bsz, n_kv_head, seq, head_dim), **kw)
+    # (B, T, H, D) storage, (B, H, T, D) views: FlashAttention's native layout
+    q = torch.empty((bsz, seq, n_head, head_dim), **kw).transpose(1, 2)
+    k = torch.empty((bsz, seq, n_kv_head, head_dim), **kw).transpose(1, 2)
+    v = None
+    if rotate_v and not shared_kv:
+        v = torch.empty((bsz, seq, n_kv_head, head_dim), **kw).transpose(1, 2)
     launch_split_qkv(
         qkv, q, k, v, cos, sin, rotate_v=rotate_v, shared_kv=shared_kv, interleaved=interleaved
     )
-    return [q, k] if v is None else [q, k, v]  # outputs may not alias, so v = k happens outside
+    # outputs may not alias each other or inputs: v = k or v = a view of qkv happens outside
+    return [q, k] if v is None else [q, k, v]
 
 
 @triton_op("rove::merge_rotate_qkv", mutates_args=())
@@ -142,7 +156,10 @@ def _setup_split(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
 
 def _split_backward(ctx, grads: list[torch.Tensor]):  # type: ignore[no-untyped-def]
     cos, sin = ctx.saved_tensors
+    rotate_v, shared_kv, _ = ctx.flags
     dv = grads[2] if len(grads) == 3 else None
+    if dv is None and not (rotate_v and shared_kv):  # v was a view taken outside: no gradient
+        dv = torch.zeros_like(grads[1])
     dqkv = _merge_rotate_qkv(grads[0], grads[1], dv, cos, sin, *ctx.flags)
     return dqkv, None, None, None, None, None, None, None
 
@@ -155,9 +172,34 @@ def _setup_merge(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
 
 def _merge_backward(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
     cos, sin = ctx.saved_tensors
+    rotate_v, shared_kv, _ = ctx.flags
     outs = _split_rotate_qkv(grad, cos, sin, *ctx.heads, *ctx.flags)
-    dv = outs[2] if len(outs) == 3 else None
+    if len(outs) == 3 or (rotate_v and shared_kv):
+        dv = outs[2] if len(outs) == 3 else None
+    else:  # dv entered unrotated
+        n_head, n_kv_head = ctx.heads
+        dv = value_heads(grad, n_head, n_kv_head, shared_kv)
     return outs[0], outs[1], dv, None, None, None, None, None
+
+
+class _SplitValueView(torch.autograd.Function):
+    """The split for unrotated values (RoPE, or shared KV without RoVE): q, k from the op, v a
+    view of ``qkv``. Its backward hands dv to the merge kernel, which writes it into the fused
+    gradient with dq and dk in one pass (autograd through the view would add a zero-filled
+    ``qkv``-sized gradient and a sum)."""
+
+    @staticmethod
+    def forward(ctx, qkv, cos, sin, n_head, n_kv_head, shared_kv, interleaved):  # type: ignore[no-untyped-def,override]
+        ctx.flags = False, shared_kv, interleaved
+        ctx.save_for_backward(cos, sin)
+        q, k = _split_rotate_qkv(qkv, cos, sin, n_head, n_kv_head, *ctx.flags)
+        return q, k, value_heads(qkv, n_head, n_kv_head, shared_kv)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):  # type: ignore[no-untyped-def,override]
+        cos, sin = ctx.saved_tensors
+        dqkv = _merge_rotate_qkv(dq, dk, dv, cos, sin, *ctx.flags)
+        return dqkv, None, None, None, None, None, None
 
 
 _rotate.register_autograd(_rotate_backward, setup_context=_setup_rotate)
@@ -175,7 +217,8 @@ def rotate_triton(
     inverse: bool = False,
 ) -> torch.Tensor:
     """Rotate ``x`` ``(B, H, T, D)`` (or ``(H, T, D)``, ``(T, D)``) by float32 tables
-    ``(T, r/2)`` or ``(B, T, r/2)``; returns a contiguous tensor like ``x``."""
+    ``(T, r/2)`` or ``(B, T, r/2)``; returns a tensor like ``x``, in ``x``'s memory layout
+    when that is dense with a contiguous last dim (else contiguous)."""
     check_convention(convention)
     if x.dtype == torch.float64:
         return rotate_torch(x, cos, sin, convention=convention, inverse=inverse)
@@ -197,18 +240,20 @@ def split_rotate_qkv_triton(
     shared_kv: bool = False,
     convention: Convention = "half",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fused projection ``(B, T, width)`` -> contiguous rotated q, k, v ``(B, H, T, D)``.
+    """Fused projection ``(B, T, width)`` -> rotated q, k, v: ``(B, H, T, D)`` views of
+    ``(B, T, H, D)`` tensors (what FlashAttention reads, so SDPA copies nothing).
 
     Layout as in ``split_rotate_qkv_torch``; ``qkv`` needs a contiguous last dim. With
-    ``shared_kv and rotate_v`` v is k (the same tensor); otherwise v is its own tensor.
+    ``shared_kv and rotate_v`` v is k (the same tensor); unrotated values are views of ``qkv``.
     """
     check_convention(convention)
     flags = dict(n_head=n_head, n_kv_head=n_kv_head, rotate_v=rotate_v, shared_kv=shared_kv)
     if qkv.dtype == torch.float64:
         return split_rotate_qkv_torch(qkv, cos, sin, convention=convention, **flags)
-    outs = _split_rotate_qkv(
-        qkv, cos.detach(), sin.detach(), *flags.values(), convention == "interleaved"
-    )
+    cos, sin, interleaved = cos.detach(), sin.detach(), convention == "interleaved"
+    if not rotate_v:
+        return _SplitValueView.apply(qkv, cos, sin, n_head, n_kv_head, shared_kv, interleaved)
+    outs = _split_rotate_qkv(qkv, cos, sin, *flags.values(), interleaved)
     q, k = outs[0], outs[1]
     return q, k, outs[2] if len(outs) == 3 else k
 

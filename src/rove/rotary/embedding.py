@@ -4,7 +4,9 @@ It bundles what must be identical for Q, K, V and O (head size, rotated channels
 convention, scaling) and turns positions into cos/sin tables. Tables are computed on demand from
 the positions (cheap: ``T x r/2`` values, float64 angles) rather than cached, so there is no state
 to go stale across devices, dtypes or ``torch.compile`` graphs; a model computes them once per
-forward and hands them to every layer.
+forward and hands them to every layer. Only the frequencies are kept per device: ``Rotary`` is
+not an ``nn.Module`` (it does not move with ``model.to``), and rebuilding the tables from CPU
+frequencies would cost a blocking host -> device copy every forward and every decoded token.
 """
 
 from __future__ import annotations
@@ -106,6 +108,10 @@ class Rotary:
         self.pinned_length: int | None = None  # dynamic NTK's length, once pinned by at_length
         # validates the scaling dict eagerly, so a bad config fails at construction
         self._freqs = rotary_frequencies(rotary_dim, self.base, self.scaling)
+        # float64 frequencies by device; filled ahead of use (here, and by ``prefetch`` when a
+        # ``RoveAttention`` moves) so a compiled forward never mutates it, which would recompile
+        inv_freq = self._freqs.inv_freq
+        self._inv_freq_on: dict[torch.device, torch.Tensor] = {inv_freq.device: inv_freq}
 
     def __repr__(self) -> str:
         return (
@@ -154,6 +160,7 @@ class Rotary:
         pinned = Rotary(**self.to_dict())  # type: ignore[arg-type]
         pinned.pinned_length = length
         pinned._freqs = rotary_frequencies(self.rotary_dim, self.base, self.scaling, seq_len=length)
+        pinned._inv_freq_on = {pinned._freqs.inv_freq.device: pinned._freqs.inv_freq}
         return pinned
 
     def frequencies(self, seq_len: int | None = None) -> RotaryFrequencies:
@@ -201,9 +208,25 @@ class Rotary:
 
         The YaRN attention factor is deliberately *not* folded in: V and O reuse these tables.
         """
-        if seq_len is None:
-            seq_len = self.dynamic_length(positions)
-        return rotation_tables(positions, self.frequencies(seq_len).inv_freq, dtype)
+        if self.dynamic:  # frequencies depend on the length: computed per call, on the CPU
+            if seq_len is None:
+                seq_len = self.dynamic_length(positions)
+            return rotation_tables(positions, self.frequencies(seq_len).inv_freq, dtype)
+        return rotation_tables(positions, self._inv_freq(positions.device), dtype)
+
+    def prefetch(self, device: torch.device | str) -> None:
+        """Copy the frequencies to ``device`` now, so tables built there later need no host ->
+        device copy (and a compiled forward finds them in place); a no-op for unpinned dynamic NTK."""
+        if not self.dynamic:
+            # the device a tensor reports ("cuda:0", never a bare "cuda"), as positions will
+            self._inv_freq(torch.empty(0, device=device).device)
+
+    def _inv_freq(self, device: torch.device) -> torch.Tensor:
+        """The float64 ``(rotary_dim/2,)`` frequencies of a static schedule on ``device``, cached."""
+        cached = self._inv_freq_on.get(device)
+        if cached is None:
+            cached = self._inv_freq_on[device] = self._freqs.inv_freq.to(device)
+        return cached
 
     def rotate(
         self,
