@@ -1,0 +1,191 @@
+"""Switch a Hugging Face causal LM between RoPE and RoVE in place, with no new parameters.
+
+RoVE adds two rotations to a RoPE attention layer: each value by its key's ``R_j`` and each
+output back by ``R_i^-1``. Both sit *outside* the attention kernel, so instead of rewriting every
+architecture's ``forward`` this module hooks three points of the stock attention module:
+
+1. a pre-hook on the attention module reads the ``position_embeddings`` (cos, sin) that the model
+   computed for this forward from its own ``position_ids`` and rope type (default, linear, dynamic,
+   yarn, llama3, ...), and turns them into orthonormal half tables;
+2. a forward hook on the value projection rotates the new values by ``R_j`` *before* HF's
+   ``cache.update``, so the cache holds rotated values: a decoding step rotates one token, never
+   the cache;
+3. a pre-hook on the output projection rotates the attention output by ``R_i^-1``.
+
+Everything between (cache, masks, eager / SDPA / flash attention) is the model's own code, which is
+why left padding, ``position_ids``, ``generate`` and every attention backend keep working.
+
+HF folds a rope type's attention factor (YaRN's ``0.1 ln s + 1``) into cos and sin: right for the
+q.k logits, wrong for V and O, whose rotations must stay orthogonal. The tables are therefore
+renormalised to ``cos^2 + sin^2 = 1`` before use on values and outputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from rove.kernels import rotate, unrotate_output
+from rove.rotary import table_dtype
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "convert", "position_mode"]
+
+HFMode = Literal["rope", "rove"]
+Tables = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where an architecture's attention module keeps its value and output projections."""
+
+    value: str  # child whose output holds the values
+    output: str  # child whose input is the attention output (B, T, Hq * D)
+    fused: bool = False  # GPT-NeoX: one projection, per head [q | k | v] (B, T, H * 3D)
+
+
+_SEPARATE = _Layout(value="v_proj", output="o_proj")
+_LAYOUTS: dict[str, _Layout] = {
+    "llama": _SEPARATE,
+    "mistral": _SEPARATE,
+    "qwen2": _SEPARATE,
+    "qwen3": _SEPARATE,
+    "gpt_neox": _Layout(value="query_key_value", output="dense", fused=True),
+}
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_LAYOUTS)
+
+_STATE_ATTR = "_rove_hf_state"
+
+
+class _AttentionState:
+    """The hooks of one attention module and the tables of the forward in progress."""
+
+    def __init__(self, module: nn.Module, layout: _Layout) -> None:
+        self.layout = layout
+        self.head_dim = _head_dim(module)
+        self.tables: Tables | None = None
+        self.signature = inspect.signature(module.forward)
+        value, output = getattr(module, layout.value), getattr(module, layout.output)
+        self.handles = [
+            module.register_forward_pre_hook(self.capture, with_kwargs=True),
+            module.register_forward_hook(self.release, always_call=True),
+            value.register_forward_hook(self.rotate_values),
+            output.register_forward_pre_hook(self.unrotate_output),
+        ]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def capture(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        bound = self.signature.bind_partial(*args, **kwargs).arguments
+        pe = bound.get("position_embeddings")
+        if pe is None:
+            raise RuntimeError(
+                f"{type(module).__name__} was called without position_embeddings (cos, sin); "
+                "RoVE needs the model's rotary tables (call the model, not the layer alone)"
+            )
+        self.tables = _orthonormal_half_tables(*pe)
+
+    def release(self, *_: object) -> None:
+        self.tables = None
+
+    def _current_tables(self) -> Tables:
+        if self.tables is None:
+            raise RuntimeError("RoVE projection hook ran outside its attention module's forward")
+        return self.tables
+
+    def rotate_values(self, _: nn.Module, __: tuple, out: torch.Tensor) -> torch.Tensor:
+        cos, sin = self._current_tables()
+        bsz, seq, width = out.shape
+        d = self.head_dim
+        if not self.layout.fused:
+            heads = out.view(bsz, seq, width // d, d).transpose(1, 2)  # (B, Hkv, T, D)
+            return rotate(heads, cos, sin).transpose(1, 2).reshape(bsz, seq, width)
+        per_head = out.view(bsz, seq, width // (3 * d), 3 * d)  # (B, T, H, [q | k | v])
+        values = per_head[..., 2 * d :].transpose(1, 2)  # (B, H, T, D)
+        rotated = rotate(values, cos, sin).transpose(1, 2)
+        return torch.cat((per_head[..., : 2 * d], rotated), dim=-1).view(bsz, seq, width)
+
+    def unrotate_output(self, _: nn.Module, args: tuple) -> tuple:
+        cos, sin = self._current_tables()
+        (attn,) = args
+        bsz, seq, width = attn.shape
+        heads = attn.view(bsz, seq, width // self.head_dim, self.head_dim).transpose(1, 2)
+        return (unrotate_output(heads, cos, sin),)  # (B, T, Hq * D)
+
+
+def _head_dim(module: nn.Module) -> int:
+    for name in ("head_dim", "head_size"):
+        if isinstance(getattr(module, name, None), int):
+            return getattr(module, name)
+    raise ValueError(f"cannot find the head size of {type(module).__name__}")
+
+
+def _orthonormal_half_tables(cos: torch.Tensor, sin: torch.Tensor) -> Tables:
+    """HF's ``(B, T, r)`` tables (halves repeated, attention factor folded in) -> unit ``(B|T, r/2)``.
+
+    Dividing by ``hypot(cos, sin)`` removes any factor the rope type multiplied in, whatever its
+    name or value, so the V and O rotations are exactly orthogonal.
+    """
+    half = cos.shape[-1] // 2
+    dtype = table_dtype(cos.dtype)
+    c, s = cos[..., :half].to(dtype), sin[..., :half].to(dtype)
+    norm = torch.hypot(c, s)
+    c, s = c / norm, s / norm
+    if c.ndim == 3 and c.shape[0] == 1:  # one position row shared by the batch: (T, r/2)
+        c, s = c[0], s[0]
+    return c, s
+
+
+def _attention_modules(model: nn.Module, layout: _Layout) -> list[nn.Module]:
+    return [
+        m
+        for m in model.modules()
+        if isinstance(getattr(m, layout.value, None), nn.Linear)
+        and isinstance(getattr(m, layout.output, None), nn.Linear)
+    ]
+
+
+def position_mode(model: nn.Module) -> HFMode:
+    """``"rove"`` if ``convert`` switched ``model`` to RoVE, else ``"rope"``."""
+    return "rove" if any(hasattr(m, _STATE_ATTR) for m in model.modules()) else "rope"
+
+
+def convert(model: nn.Module, mode: HFMode = "rove") -> nn.Module:
+    """Switch a Hugging Face rotary causal LM to RoVE (``mode="rove"``) or back to RoPE, in place.
+
+    No parameter is added or changed: the same weights compute RoPE or RoVE attention, so a
+    pretrained RoPE model can continue pre-training as RoVE. Supported ``config.model_type``:
+    ``SUPPORTED_MODEL_TYPES`` (partial rotary included). Converting twice to the same mode is a
+    no-op. The mode lives in hooks, not in the saved weights or config: after ``from_pretrained``
+    of a RoVE-trained checkpoint, call ``convert`` again.
+
+    Returns ``model`` (for chaining).
+    """
+    if mode not in ("rope", "rove"):
+        raise ValueError(f"unknown mode {mode!r}; choose 'rove' or 'rope'")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in _LAYOUTS:
+        raise ValueError(
+            f"rove.hf.convert does not support model_type {model_type!r}; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    layout = _LAYOUTS[model_type]
+    modules = _attention_modules(model, layout)
+    if not modules:
+        raise ValueError(f"found no {model_type} attention module in {type(model).__name__}")
+    for module in modules:
+        state = getattr(module, _STATE_ATTR, None)
+        if mode == "rope" and state is not None:
+            state.remove()
+            delattr(module, _STATE_ATTR)
+        elif mode == "rove" and state is None:
+            setattr(module, _STATE_ATTR, _AttentionState(module, layout))
+    return model
