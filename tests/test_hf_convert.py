@@ -5,6 +5,8 @@ Tiny random models are built locally from configs (no hub); float64 where values
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -15,6 +17,13 @@ from rove import attention  # noqa: E402
 from rove.rotary import Rotary, RotaryFrequencies  # noqa: E402
 
 VOCAB = 64
+# transformers 5 renamed rope_scaling/rope_theta to rope_parameters and past_key_values to cache
+ROPE_PARAMETERS = "rope_parameters" in inspect.signature(transformers.LlamaConfig).parameters
+CACHE = (
+    "cache"
+    if "cache" in inspect.signature(transformers.LlamaModel.forward).parameters
+    else ("past_key_values")
+)
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox")
 ROPES = {
     "default": {"rope_type": "default"},
@@ -39,7 +48,6 @@ def tiny_model(
     max_positions: int = 64,
 ):
     """A 2-layer random causal LM of ``arch``; GQA (2 KV heads) where the architecture has it."""
-    rope_parameters = {"rope_theta": 10000.0, **ROPES[rope]}
     kwargs = dict(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -50,14 +58,23 @@ def tiny_model(
         eos_token_id=None,
         pad_token_id=0,
     )
-    if arch == "gpt_neox":
-        rope_parameters["partial_rotary_factor"] = 0.5  # rotate 4 of 8 channels per head
+    if arch != "gpt_neox":
+        kwargs.update(num_key_value_heads=2, head_dim=8)
+    partial = {"partial_rotary_factor": 0.5} if arch == "gpt_neox" else {}  # 4 of 8 channels
+    if ROPE_PARAMETERS:
+        kwargs["rope_parameters"] = {"rope_theta": 10000.0, **ROPES[rope], **partial}
     else:
-        kwargs["num_key_value_heads"] = 2
-    config = transformers.AutoConfig.for_model(arch, rope_parameters=rope_parameters, **kwargs)
+        kwargs.update(rope_theta=10000.0, rope_scaling=None if rope == "default" else ROPES[rope])
+        kwargs.update({"rotary_pct": 0.5} if partial else {})
+    config = transformers.AutoConfig.for_model(arch, **kwargs)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
     return model.to(dtype).eval()
+
+
+def cached_values(cache, layer: int) -> torch.Tensor:
+    """A layer's cached values ``(B, Hkv, T, D)`` (``value_cache`` before transformers 4.54)."""
+    return cache.layers[layer].values if hasattr(cache, "layers") else cache.value_cache[layer]
 
 
 def hidden_states(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -76,7 +93,8 @@ def projections(arch: str, attn, x: torch.Tensor):
         qkv = attn.query_key_value(x).view(bsz, seq, -1, 3 * attn.head_size).transpose(1, 2)
         return qkv.chunk(3, dim=-1)
     q, k, v = (
-        proj(x).view(bsz, seq, -1, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
+        proj(x).view(bsz, seq, -1, attn.head_dim)
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
     )
     if arch == "qwen3":
         q, k = attn.q_norm(q), attn.k_norm(k)
@@ -182,7 +200,7 @@ def test_cached_decoding_equals_full_forward(arch, rope):
         steps = [out.logits]
         cache = out.past_key_values
         for t in range(6, 12):
-            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], **{CACHE: cache}, use_cache=True)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=1e-10)
 
@@ -199,8 +217,8 @@ def test_cache_holds_rotated_values_and_is_not_rerotated(arch):
     )
     with torch.no_grad():
         cache = model(ids, use_cache=True).past_key_values
-        cached = cache.layers[0].values.clone()  # (B, Hkv, T, D)
-        model(torch.randint(1, VOCAB, (1, 1)), past_key_values=cache, use_cache=True)
+        cached = cached_values(cache, 0).clone()  # (B, Hkv, T, D)
+        model(torch.randint(1, VOCAB, (1, 1)), **{CACHE: cache}, use_cache=True)
         hook.remove()
         rove.hf.convert(model, "rope")
         _, _, v = projections(arch, attn, inputs[0])
@@ -208,7 +226,7 @@ def test_cache_holds_rotated_values_and_is_not_rerotated(arch):
     expected = rotary.rotate(v, torch.arange(8))  # orthonormal tables, no attention factor
     torch.testing.assert_close(cached, expected, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(cached.norm(dim=-1), v.norm(dim=-1), atol=1e-10, rtol=1e-10)
-    assert torch.equal(cache.layers[0].values[:, :, :8], cached)
+    assert torch.equal(cached_values(cache, 0)[:, :, :8], cached)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -309,7 +327,7 @@ def test_bad_input_is_rejected():
     gpt2 = transformers.AutoModelForCausalLM.from_config(
         transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=VOCAB)
     )
-    with pytest.raises(ValueError, match="model_type 'gpt2'.*supported: llama"):
+    with pytest.raises(ValueError, match=r"model_type .gpt2.*supported: llama"):
         rove.hf.convert(gpt2)
     rove.hf.convert(model)
     with pytest.raises(RuntimeError, match="outside its attention"):
