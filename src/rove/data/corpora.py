@@ -12,7 +12,7 @@
   other files (``.json`` included) are ignored, as are site-packages, dist-packages and
   __pycache__ folders.
 * ``"fineweb-edu"`` -- HuggingFaceFW/fineweb-edu, config ``sample-10BT``, streamed with the
-  optional ``datasets`` package (``pip install rove[hf]``).
+  optional ``datasets`` package (``pip install rove[fineweb]``).
 
 Files are decoded as UTF-8 with invalid bytes replaced, and empty documents are skipped.
 """
@@ -83,7 +83,7 @@ def _fineweb_edu_documents() -> Iterator[str]:
         import datasets
     except ImportError as err:
         raise ImportError(
-            "the 'fineweb-edu' source needs the optional 'datasets' package: pip install rove[hf]"
+            "the 'fineweb-edu' source needs the optional 'datasets' package: pip install rove[fineweb]"
         ) from err
     repo, config = FINEWEB_EDU
     stream = datasets.load_dataset(repo, name=config, split="train", streaming=True)
