@@ -18,13 +18,36 @@ from rove.rotary import Rotary, RotaryFrequencies  # noqa: E402
 
 VOCAB = 64
 # transformers 5 renamed rope_scaling/rope_theta to rope_parameters and past_key_values to cache
-ROPE_PARAMETERS = "rope_parameters" in inspect.signature(transformers.LlamaConfig).parameters
+TRANSFORMERS_5 = "rope_parameters" in inspect.signature(transformers.LlamaConfig).parameters
 CACHE = (
     "cache"
     if "cache" in inspect.signature(transformers.LlamaModel.forward).parameters
     else ("past_key_values")
 )
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox")  # exercised by every test
+MORE_ARCHS = (
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmo2",
+    "gemma",
+    "granite",
+    "starcoder2",
+    "stablelm",
+    "phi",
+    "phi3",
+)
+PARTIAL = ("gpt_neox", "stablelm", "phi", "phi3")  # built with 4 of 8 channels rotated
+MOE = {
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+    ),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+}
 ROPES = {
     "default": {"rope_type": "default"},
     "linear": {"rope_type": "linear", "factor": 2.0},
@@ -35,6 +58,12 @@ ROPES = {
         "factor": 8.0,
         "low_freq_factor": 1.0,
         "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    },
+    "longrope": {  # Phi-3's; one factor per rotated plane (2 with 4 rotated channels)
+        "rope_type": "longrope",
+        "short_factor": [1.0, 1.5],
+        "long_factor": [2.0, 3.0],
         "original_max_position_embeddings": 16,
     },
 }
@@ -59,16 +88,20 @@ def tiny_model(
         pad_token_id=0,
     )
     if arch != "gpt_neox":
-        kwargs.update(num_key_value_heads=2, head_dim=8)
-    partial = {"partial_rotary_factor": 0.5} if arch == "gpt_neox" else {}  # 4 of 8 channels
-    if ROPE_PARAMETERS:
+        kwargs.update(num_key_value_heads=2, head_dim=8, **MOE.get(arch, {}))
+    partial = {"partial_rotary_factor": 0.5} if arch in PARTIAL else {}
+    if TRANSFORMERS_5:
         kwargs["rope_parameters"] = {"rope_theta": 10000.0, **ROPES[rope], **partial}
     else:
         kwargs.update(rope_theta=10000.0, rope_scaling=None if rope == "default" else ROPES[rope])
-        kwargs.update({"rotary_pct": 0.5} if partial else {})
+        kwargs.update({"rotary_pct": 0.5} if arch == "gpt_neox" else partial)
     config = transformers.AutoConfig.for_model(arch, **kwargs)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+    # transformers 5's grouped-mm experts have no float64 kernel
+    experts = {"experts_implementation": "eager"} if TRANSFORMERS_5 and arch in MOE else {}
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation=attn, **experts
+    )
     return model.to(dtype).eval()
 
 
@@ -92,13 +125,22 @@ def projections(arch: str, attn, x: torch.Tensor):
     if arch == "gpt_neox":
         qkv = attn.query_key_value(x).view(bsz, seq, -1, 3 * attn.head_size).transpose(1, 2)
         return qkv.chunk(3, dim=-1)
-    q, k, v = (
-        proj(x).view(bsz, seq, -1, attn.head_dim)
-        for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
-    )
-    if arch == "qwen3":
+    if arch == "phi3":  # [q | k | v] in one projection
+        kv_width = attn.config.num_key_value_heads * attn.head_dim
+        q, k, v = attn.qkv_proj(x).split([x.shape[-1], kv_width, kv_width], dim=-1)
+    else:
+        q, k, v = (proj(x) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    if arch == "olmo2":  # norms over all heads together
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, v = (t.view(bsz, seq, -1, attn.head_dim) for t in (q, k, v))
+    if arch in ("qwen3", "qwen3_moe"):  # norms per head
         q, k = attn.q_norm(q), attn.k_norm(k)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def scaling(attn) -> float:
+    """The softmax scale (legacy transformers 4 SDPA classes have no ``scaling``: 1/sqrt(D))."""
+    return attn.scaling if hasattr(attn, "scaling") else attn.head_dim**-0.5
 
 
 def rotary_embedding(model):
@@ -125,9 +167,10 @@ def hf_logit_scale(model, q: torch.Tensor, rotary_dim: int) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("arch", "rope"),
-    [(a, "default") for a in ARCHS]
+    [(a, "default") for a in ARCHS + MORE_ARCHS]
     + [("llama", r) for r in ("linear", "dynamic", "yarn", "llama3")]
-    + [("gpt_neox", "yarn"), ("qwen3", "yarn")],
+    + [("gpt_neox", "yarn"), ("qwen3", "yarn")]
+    + [("phi3", "longrope")] * TRANSFORMERS_5,  # transformers 4 spells longrope differently
 )
 def test_forward_matches_rove_attention(arch, rope):
     """Every layer of the converted model equals rove.attention on the layer's own projections."""
@@ -155,16 +198,18 @@ def test_forward_matches_rove_attention(arch, rope):
         q, k, v = projections(arch, attn, x)
         rotary = hf_rotary(model, q.shape[-1])
         q = hf_logit_scale(model, q, rotary.rotary_dim)
-        y = attention(q, k, v, mode="rove", rotary=rotary, q_positions=positions)
-        proj = attn.dense if arch == "gpt_neox" else attn.o_proj
+        y = attention(
+            q, k, v, mode="rove", rotary=rotary, q_positions=positions, scale=scaling(attn)
+        )
+        proj = attn.dense if arch in ("gpt_neox", "phi") else attn.o_proj
         expected = proj(y.transpose(1, 2).flatten(2))
         # HF computes its angles in float32: ~1e-7 relative, far below any position error
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + MORE_ARCHS)
 def test_rope_after_convert_is_the_original_model(arch):
-    model = tiny_model(arch, "yarn")
+    model = tiny_model(arch, "yarn" if arch in ARCHS else "default")  # not all take yarn
     ids = torch.randint(1, VOCAB, (2, 10))
     with torch.no_grad():
         original = model(ids).logits
@@ -189,16 +234,17 @@ def test_convert_twice_equals_convert_once():
     assert torch.equal(once, twice)
 
 
-@pytest.mark.parametrize(("arch", "rope"), [(a, "default") for a in ARCHS] + [("llama", "yarn")])
+@pytest.mark.parametrize(
+    ("arch", "rope"), [(a, "default") for a in ARCHS + MORE_ARCHS] + [("llama", "yarn")]
+)
 def test_cached_decoding_equals_full_forward(arch, rope):
     """Prefill + one-token steps through the HF cache give the logits of one full forward."""
     model = rove.hf.convert(tiny_model(arch, rope))
     ids = torch.randint(1, VOCAB, (2, 12))
     with torch.no_grad():
         full = model(ids).logits
-        out = model(ids[:, :6], use_cache=True)
-        steps = [out.logits]
-        cache = out.past_key_values
+        cache = transformers.DynamicCache()
+        steps = [model(ids[:, :6], **{CACHE: cache}, use_cache=True).logits]
         for t in range(6, 12):
             out = model(ids[:, t : t + 1], **{CACHE: cache}, use_cache=True)
             steps.append(out.logits)
@@ -327,7 +373,7 @@ def test_bad_input_is_rejected():
     gpt2 = transformers.AutoModelForCausalLM.from_config(
         transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=VOCAB)
     )
-    with pytest.raises(ValueError, match=r"model_type .gpt2.*supported: llama"):
+    with pytest.raises(ValueError, match=r"model_type .gpt2.*supported: gemma, gpt_neox"):
         rove.hf.convert(gpt2)
     rove.hf.convert(model)
     with pytest.raises(RuntimeError, match="outside its attention"):

@@ -44,18 +44,35 @@ class _Layout:
 
     value: str  # child whose output holds the values
     output: str  # child whose input is the attention output (B, T, Hq * D)
-    fused: bool = False  # GPT-NeoX: one projection, per head [q | k | v] (B, T, H * 3D)
+    # how the value child packs its output: "separate" (values only, B, T, Hkv * D),
+    # "per_head" (GPT-NeoX: per head [q | k | v], B, T, H * 3D), "concat" (Phi-3: [q | k | v])
+    packing: Literal["separate", "per_head", "concat"] = "separate"
 
 
 _SEPARATE = _Layout(value="v_proj", output="o_proj")
 _LAYOUTS: dict[str, _Layout] = {
-    "llama": _SEPARATE,
-    "mistral": _SEPARATE,
-    "qwen2": _SEPARATE,
-    "qwen3": _SEPARATE,
-    "gpt_neox": _Layout(value="query_key_value", output="dense", fused=True),
+    **dict.fromkeys(
+        (
+            "llama",
+            "mistral",
+            "mixtral",
+            "qwen2",
+            "qwen2_moe",
+            "qwen3",
+            "qwen3_moe",
+            "olmo2",
+            "gemma",
+            "granite",
+            "starcoder2",
+            "stablelm",
+        ),
+        _SEPARATE,
+    ),
+    "phi": _Layout(value="v_proj", output="dense"),
+    "phi3": _Layout(value="qkv_proj", output="o_proj", packing="concat"),
+    "gpt_neox": _Layout(value="query_key_value", output="dense", packing="per_head"),
 }
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_LAYOUTS)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_LAYOUTS))
 
 _STATE_ATTR = "_rove_hf_state"
 
@@ -66,6 +83,8 @@ class _AttentionState:
     def __init__(self, module: nn.Module, layout: _Layout) -> None:
         self.layout = layout
         self.head_dim = _head_dim(module)
+        if layout.packing == "concat":
+            self.kv_width = module.config.num_key_value_heads * self.head_dim
         self.tables: Tables | None = None
         self.signature = inspect.signature(module.forward)
         value, output = getattr(module, layout.value), getattr(module, layout.output)
@@ -99,16 +118,16 @@ class _AttentionState:
         return self.tables
 
     def rotate_values(self, _: nn.Module, __: tuple, out: torch.Tensor) -> torch.Tensor:
-        cos, sin = self._current_tables()
+        tables, d, packing = self._current_tables(), self.head_dim, self.layout.packing
+        if packing == "separate":
+            return _rotate_heads(out, d, tables)
+        if packing == "concat":  # [q | k | v]: the values are the last Hkv * D channels
+            split = out.shape[-1] - self.kv_width
+            return torch.cat((out[..., :split], _rotate_heads(out[..., split:], d, tables)), -1)
         bsz, seq, width = out.shape
-        d = self.head_dim
-        if not self.layout.fused:
-            heads = out.view(bsz, seq, width // d, d).transpose(1, 2)  # (B, Hkv, T, D)
-            return rotate(heads, cos, sin).transpose(1, 2).reshape(bsz, seq, width)
         per_head = out.view(bsz, seq, width // (3 * d), 3 * d)  # (B, T, H, [q | k | v])
-        values = per_head[..., 2 * d :].transpose(1, 2)  # (B, H, T, D)
-        rotated = rotate(values, cos, sin).transpose(1, 2)
-        return torch.cat((per_head[..., : 2 * d], rotated), dim=-1).view(bsz, seq, width)
+        values = _rotate_heads(per_head[..., 2 * d :].flatten(2), d, tables)
+        return torch.cat((per_head[..., : 2 * d], values.view(bsz, seq, -1, d)), -1).flatten(2)
 
     def unrotate_output(self, _: nn.Module, args: tuple) -> tuple:
         cos, sin = self._current_tables()
@@ -116,6 +135,13 @@ class _AttentionState:
         bsz, seq, width = attn.shape
         heads = attn.view(bsz, seq, width // self.head_dim, self.head_dim).transpose(1, 2)
         return (unrotate_output(heads, cos, sin),)  # (B, T, Hq * D)
+
+
+def _rotate_heads(x: torch.Tensor, head_dim: int, tables: Tables) -> torch.Tensor:
+    """Rotate every head of ``x`` ``(B, T, H * D)`` by ``R_t``; same shape back."""
+    bsz, seq, width = x.shape
+    heads = x.view(bsz, seq, width // head_dim, head_dim).transpose(1, 2)  # (B, H, T, D)
+    return rotate(heads, *tables).transpose(1, 2).reshape(bsz, seq, width)
 
 
 def _head_dim(module: nn.Module) -> int:
