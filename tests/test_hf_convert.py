@@ -382,6 +382,32 @@ def test_attention_gradient_matches_finite_differences(arch):
     assert torch.autograd.gradcheck(forward, (x,))
 
 
+class LoraLike(torch.nn.Module):
+    """A wrapper like PEFT's LoRA layer: not an ``nn.Linear``, output = base + low-rank delta."""
+
+    def __init__(self, base: torch.nn.Linear) -> None:
+        super().__init__()
+        self.base = base
+        self.down = torch.nn.Linear(base.in_features, 2, bias=False, dtype=base.weight.dtype)
+        self.up = torch.nn.Linear(2, base.out_features, bias=False, dtype=base.weight.dtype)
+        torch.nn.init.zeros_(self.up.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.up(self.down(x))
+
+
+def test_wrapped_projections_are_converted():
+    """Adapters around the value/output projections get the same rotations as the plain layers."""
+    ids = torch.randint(1, VOCAB, (2, 10))
+    plain = rove.hf.convert(tiny_model("llama", "yarn"))
+    wrapped = tiny_model("llama", "yarn")
+    for attn in attention_modules(wrapped):
+        attn.v_proj, attn.o_proj = LoraLike(attn.v_proj), LoraLike(attn.o_proj)
+    rove.hf.convert(wrapped)
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(ids).logits, plain(ids).logits, atol=1e-12, rtol=0)
+
+
 def test_bad_input_is_rejected():
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="unknown mode"):

@@ -168,11 +168,12 @@ def _orthonormal_half_tables(cos: torch.Tensor, sin: torch.Tensor) -> Tables:
 
 
 def _attention_modules(model: nn.Module, layout: _Layout) -> list[nn.Module]:
+    # any module, not only nn.Linear: a LoRA or quantised wrapper's output is still the values
     return [
         m
         for m in model.modules()
-        if isinstance(getattr(m, layout.value, None), nn.Linear)
-        and isinstance(getattr(m, layout.output, None), nn.Linear)
+        if isinstance(getattr(m, layout.value, None), nn.Module)
+        and isinstance(getattr(m, layout.output, None), nn.Module)
     ]
 
 
