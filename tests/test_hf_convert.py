@@ -17,13 +17,18 @@ from rove import attention  # noqa: E402
 from rove.rotary import Rotary, RotaryFrequencies  # noqa: E402
 
 VOCAB = 64
-# transformers 5 renamed rope_scaling/rope_theta to rope_parameters and past_key_values to cache
+# transformers 5 renamed rope_scaling/rope_theta to rope_parameters. (Nothing here may touch a
+# modeling class at import time: that imports triton before test_kernels_triton can set
+# TRITON_INTERPRET, and breaks those tests when the whole suite runs.)
 TRANSFORMERS_5 = "rope_parameters" in inspect.signature(transformers.LlamaConfig).parameters
-CACHE = (
-    "cache"
-    if "cache" in inspect.signature(transformers.LlamaModel.forward).parameters
-    else ("past_key_values")
-)
+
+
+def cache_kwarg() -> str:
+    """``cache`` where transformers renamed ``past_key_values`` (5.x), else the old name."""
+    params = inspect.signature(transformers.LlamaModel.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox")  # exercised by every test
 MORE_ARCHS = (
     "mixtral",
@@ -244,9 +249,9 @@ def test_cached_decoding_equals_full_forward(arch, rope):
     with torch.no_grad():
         full = model(ids).logits
         cache = transformers.DynamicCache()
-        steps = [model(ids[:, :6], **{CACHE: cache}, use_cache=True).logits]
+        steps = [model(ids[:, :6], **{cache_kwarg(): cache}, use_cache=True).logits]
         for t in range(6, 12):
-            out = model(ids[:, t : t + 1], **{CACHE: cache}, use_cache=True)
+            out = model(ids[:, t : t + 1], **{cache_kwarg(): cache}, use_cache=True)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=1e-10)
 
@@ -264,7 +269,7 @@ def test_cache_holds_rotated_values_and_is_not_rerotated(arch):
     with torch.no_grad():
         cache = model(ids, use_cache=True).past_key_values
         cached = cached_values(cache, 0).clone()  # (B, Hkv, T, D)
-        model(torch.randint(1, VOCAB, (1, 1)), **{CACHE: cache}, use_cache=True)
+        model(torch.randint(1, VOCAB, (1, 1)), **{cache_kwarg(): cache}, use_cache=True)
         hook.remove()
         rove.hf.convert(model, "rope")
         _, _, v = projections(arch, attn, inputs[0])
