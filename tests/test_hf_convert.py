@@ -387,6 +387,18 @@ def test_attention_gradient_matches_finite_differences(arch):
     assert torch.autograd.gradcheck(forward, (x,))
 
 
+def test_position_embeddings_passed_positionally():
+    """The tables are found whether the layer gets position_embeddings by keyword or position."""
+    model = rove.hf.convert(tiny_model("llama", "yarn"))
+    attn = attention_modules(model)[0]
+    x = torch.randn(1, 5, 32, dtype=torch.float64)
+    tables = rotary_embedding(model)(x, torch.arange(5)[None] + 3)
+    with torch.no_grad():
+        by_keyword = attn(hidden_states=x, position_embeddings=tables, attention_mask=None)[0]
+        by_position = attn(x, tables, None)[0]
+    assert torch.equal(by_position, by_keyword)
+
+
 class LoraLike(torch.nn.Module):
     """A wrapper like PEFT's LoRA layer: not an ``nn.Linear``, output = base + low-rank delta."""
 

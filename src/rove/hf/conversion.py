@@ -77,11 +77,30 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_LAYOUTS))
 _STATE_ATTR = "_rove_hf_state"
 
 
+class _SharedTables:
+    """Unit tables of the last ``position_embeddings`` seen, shared by a model's layers.
+
+    Every layer of one forward receives the same (cos, sin) tensors, so the normalisation runs
+    once per forward, not once per layer (keyed on tensor identity; the key is held alive).
+    """
+
+    def __init__(self) -> None:
+        self.key: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.tables: Tables | None = None
+
+    def __call__(self, cos: torch.Tensor, sin: torch.Tensor) -> Tables:
+        if self.key is None or self.key[0] is not cos or self.key[1] is not sin:
+            self.key, self.tables = (cos, sin), _orthonormal_half_tables(cos, sin)
+        assert self.tables is not None
+        return self.tables
+
+
 class _AttentionState:
     """The hooks of one attention module and the tables of the forward in progress."""
 
-    def __init__(self, module: nn.Module, layout: _Layout) -> None:
+    def __init__(self, module: nn.Module, layout: _Layout, shared: _SharedTables) -> None:
         self.layout = layout
+        self.shared = shared
         self.head_dim = _head_dim(module)
         if layout.packing == "concat":
             self.kv_width = module.config.num_key_value_heads * self.head_dim
@@ -100,14 +119,15 @@ class _AttentionState:
             handle.remove()
 
     def capture(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        bound = self.signature.bind_partial(*args, **kwargs).arguments
-        pe = bound.get("position_embeddings")
+        pe = kwargs.get("position_embeddings")
+        if pe is None:  # passed positionally (slower path)
+            pe = self.signature.bind_partial(*args, **kwargs).arguments.get("position_embeddings")
         if pe is None:
             raise RuntimeError(
                 f"{type(module).__name__} was called without position_embeddings (cos, sin); "
                 "RoVE needs the model's rotary tables (call the model, not the layer alone)"
             )
-        self.tables = _orthonormal_half_tables(*pe)
+        self.tables = self.shared(*pe)
 
     def release(self, *_: object) -> None:
         self.tables = None
@@ -208,11 +228,12 @@ def convert(model: nn.Module, mode: HFMode = "rove") -> nn.Module:
     modules = _attention_modules(model, layout)
     if not modules:
         raise ValueError(f"found no {model_type} attention module in {type(model).__name__}")
+    shared = _SharedTables()
     for module in modules:
         state = getattr(module, _STATE_ATTR, None)
         if mode == "rope" and state is not None:
             state.remove()
             delattr(module, _STATE_ATTR)
         elif mode == "rove" and state is None:
-            setattr(module, _STATE_ATTR, _AttentionState(module, layout))
+            setattr(module, _STATE_ATTR, _AttentionState(module, layout, shared))
     return model
