@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -103,7 +103,8 @@ class _AttentionState:
         self.shared = shared
         self.head_dim = _head_dim(module)
         if layout.packing == "concat":
-            self.kv_width = module.config.num_key_value_heads * self.head_dim
+            n_kv = int(cast(Any, module).config.num_key_value_heads)  # an HF config attribute
+            self.kv_width = n_kv * self.head_dim
         self.tables: Tables | None = None
         self.signature = inspect.signature(module.forward)
         value, output = getattr(module, layout.value), getattr(module, layout.output)
