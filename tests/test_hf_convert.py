@@ -288,8 +288,10 @@ def test_cached_generate_equals_uncached(arch):
     with torch.no_grad():
         cached = model.generate(ids, use_cache=True, **kwargs)
         uncached = model.generate(ids, use_cache=False, **kwargs)
+        static = model.generate(ids, cache_implementation="static", **kwargs)
     assert cached.shape == (2, 17)
     assert torch.equal(cached, uncached)
+    assert torch.equal(static, uncached)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
