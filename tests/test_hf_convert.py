@@ -29,7 +29,7 @@ def cache_kwarg() -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox")  # exercised by every test
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox")  # the issue's five: most tests
 MORE_ARCHS = (
     "mixtral",
     "qwen2_moe",
@@ -152,12 +152,20 @@ def rotary_embedding(model):
     return next(m for m in model.modules() if hasattr(m, "attention_scaling"))
 
 
+class FixedRotary(Rotary):
+    """A rove ``Rotary`` whose frequencies are given (here: read off an HF model)."""
+
+    def __init__(self, head_dim: int, inv_freq: torch.Tensor) -> None:
+        super().__init__(head_dim, 2 * inv_freq.numel())
+        self.fixed = RotaryFrequencies(inv_freq.double())
+
+    def frequencies(self, seq_len: int | None = None) -> RotaryFrequencies:
+        return self.fixed
+
+
 def hf_rotary(model, head_dim: int) -> Rotary:
-    """A rove ``Rotary`` with the model's current frequencies (no attention factor)."""
-    emb = rotary_embedding(model)
-    rotary = Rotary(head_dim, 2 * emb.inv_freq.numel())
-    rotary._freqs = RotaryFrequencies(emb.inv_freq.double())
-    return rotary
+    """The model's current frequencies (no attention factor) as a rove ``Rotary``."""
+    return FixedRotary(head_dim, rotary_embedding(model).inv_freq)
 
 
 def hf_logit_scale(model, q: torch.Tensor, rotary_dim: int) -> torch.Tensor:
