@@ -13,7 +13,7 @@
   other files (``.json`` included) are skipped and counted by extension, as are site-packages,
   dist-packages and __pycache__ folders.
 * ``"fineweb-edu"`` -- HuggingFaceFW/fineweb-edu, config ``sample-10BT``, streamed with the
-  optional ``datasets`` package (``pip install rove[hf]``).
+  optional ``datasets`` package (``pip install rove[fineweb]``).
 
 Files are decoded strictly (UTF-8 unless ``encoding`` is given): a binary file (a NUL byte in its
 first 8 KiB) or one that does not decode is skipped with a warning and counted, never trained on as
@@ -204,7 +204,7 @@ def _fineweb_edu_documents() -> Iterator[str]:
         import datasets
     except ImportError as err:
         raise ImportError(
-            "the 'fineweb-edu' source needs the optional 'datasets' package: pip install rove[hf]"
+            "the 'fineweb-edu' source needs the optional 'datasets' package: pip install rove[fineweb]"
         ) from err
     repo, config = FINEWEB_EDU
     stream = datasets.load_dataset(repo, name=config, split="train", streaming=True)

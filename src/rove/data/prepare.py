@@ -656,7 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--source",
         default="stdlib",
         help="'stdlib' (this Python's standard library, offline), 'fineweb-edu' (needs "
-        "rove[hf] and network), or a path to a text/.jsonl file or a folder (default: stdlib)",
+        "rove[fineweb] and network), or a path to a text/.jsonl file or a folder (default: stdlib)",
     )
     parser.add_argument(
         "--tokenizer",

@@ -1,0 +1,240 @@
+"""Switch a Hugging Face causal LM between RoPE and RoVE in place, with no new parameters.
+
+RoVE adds two rotations to a RoPE attention layer: each value by its key's ``R_j`` and each
+output back by ``R_i^-1``. Both sit *outside* the attention kernel, so instead of rewriting every
+architecture's ``forward`` this module hooks three points of the stock attention module:
+
+1. a pre-hook on the attention module reads the ``position_embeddings`` (cos, sin) that the model
+   computed for this forward from its own ``position_ids`` and rope type (default, linear, dynamic,
+   yarn, llama3, ...), and turns them into orthonormal half tables;
+2. a forward hook on the value projection rotates the new values by ``R_j`` *before* HF's
+   ``cache.update``, so the cache holds rotated values: a decoding step rotates one token, never
+   the cache;
+3. a pre-hook on the output projection rotates the attention output by ``R_i^-1``.
+
+Everything between (cache, masks, eager / SDPA / flash attention) is the model's own code, which is
+why left padding, ``position_ids``, ``generate`` and every attention backend keep working.
+
+HF folds a rope type's attention factor (YaRN's ``0.1 ln s + 1``) into cos and sin: right for the
+q.k logits, wrong for V and O, whose rotations must stay orthogonal. The tables are therefore
+renormalised to ``cos^2 + sin^2 = 1`` before use on values and outputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import torch
+from torch import nn
+
+from rove.kernels import rotate, unrotate_output
+from rove.rotary import table_dtype
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "convert", "position_mode"]
+
+HFMode = Literal["rope", "rove"]
+Tables = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where an architecture's attention module keeps its value and output projections."""
+
+    value: str  # child whose output holds the values
+    output: str  # child whose input is the attention output (B, T, Hq * D)
+    # how the value child packs its output: "separate" (values only, B, T, Hkv * D),
+    # "per_head" (GPT-NeoX: per head [q | k | v], B, T, H * 3D), "concat" (Phi-3: [q | k | v])
+    packing: Literal["separate", "per_head", "concat"] = "separate"
+
+
+_SEPARATE = _Layout(value="v_proj", output="o_proj")
+_LAYOUTS: dict[str, _Layout] = {
+    **dict.fromkeys(
+        (
+            "llama",
+            "mistral",
+            "mixtral",
+            "qwen2",
+            "qwen2_moe",
+            "qwen3",
+            "qwen3_moe",
+            "olmo2",
+            "gemma",
+            "granite",
+            "starcoder2",
+            "stablelm",
+        ),
+        _SEPARATE,
+    ),
+    "phi": _Layout(value="v_proj", output="dense"),
+    "phi3": _Layout(value="qkv_proj", output="o_proj", packing="concat"),
+    "gpt_neox": _Layout(value="query_key_value", output="dense", packing="per_head"),
+}
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_LAYOUTS))
+
+_STATE_ATTR = "_rove_hf_state"
+
+
+class _SharedTables:
+    """Unit tables of the last ``position_embeddings`` seen, shared by a model's layers.
+
+    Every layer of one forward receives the same (cos, sin) tensors, so the normalisation runs
+    once per forward, not once per layer (keyed on tensor identity; the key is held alive).
+    """
+
+    def __init__(self) -> None:
+        self.key: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.tables: Tables | None = None
+
+    def __call__(self, cos: torch.Tensor, sin: torch.Tensor) -> Tables:
+        if self.key is None or self.key[0] is not cos or self.key[1] is not sin:
+            self.key, self.tables = (cos, sin), _orthonormal_half_tables(cos, sin)
+        assert self.tables is not None
+        return self.tables
+
+
+class _AttentionState:
+    """The hooks of one attention module and the tables of the forward in progress."""
+
+    def __init__(self, module: nn.Module, layout: _Layout, shared: _SharedTables) -> None:
+        self.layout = layout
+        self.shared = shared
+        self.head_dim = _head_dim(module)
+        if layout.packing == "concat":
+            n_kv = int(cast(Any, module).config.num_key_value_heads)  # an HF config attribute
+            self.kv_width = n_kv * self.head_dim
+        self.tables: Tables | None = None
+        self.signature = inspect.signature(module.forward)
+        value, output = getattr(module, layout.value), getattr(module, layout.output)
+        self.handles = [
+            module.register_forward_pre_hook(self.capture, with_kwargs=True),
+            module.register_forward_hook(self.release, always_call=True),
+            value.register_forward_hook(self.rotate_values),
+            output.register_forward_pre_hook(self.unrotate_output),
+        ]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def capture(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        pe = kwargs.get("position_embeddings")
+        if pe is None:  # passed positionally (slower path)
+            pe = self.signature.bind_partial(*args, **kwargs).arguments.get("position_embeddings")
+        if pe is None:
+            raise RuntimeError(
+                f"{type(module).__name__} was called without position_embeddings (cos, sin); "
+                "RoVE needs the model's rotary tables (call the model, not the layer alone)"
+            )
+        self.tables = self.shared(*pe)
+
+    def release(self, *_: object) -> None:
+        self.tables = None
+
+    def _current_tables(self) -> Tables:
+        if self.tables is None:
+            raise RuntimeError("RoVE projection hook ran outside its attention module's forward")
+        return self.tables
+
+    def rotate_values(self, _: nn.Module, __: tuple, out: torch.Tensor) -> torch.Tensor:
+        tables, d, packing = self._current_tables(), self.head_dim, self.layout.packing
+        if packing == "separate":
+            return _rotate_heads(out, d, tables)
+        if packing == "concat":  # [q | k | v]: the values are the last Hkv * D channels
+            split = out.shape[-1] - self.kv_width
+            return torch.cat((out[..., :split], _rotate_heads(out[..., split:], d, tables)), -1)
+        bsz, seq, width = out.shape
+        per_head = out.view(bsz, seq, width // (3 * d), 3 * d)  # (B, T, H, [q | k | v])
+        values = _rotate_heads(per_head[..., 2 * d :].flatten(2), d, tables)
+        return torch.cat((per_head[..., : 2 * d], values.view(bsz, seq, -1, d)), -1).flatten(2)
+
+    def unrotate_output(self, _: nn.Module, args: tuple) -> tuple:
+        cos, sin = self._current_tables()
+        (attn,) = args
+        bsz, seq, width = attn.shape
+        heads = attn.view(bsz, seq, width // self.head_dim, self.head_dim).transpose(1, 2)
+        return (unrotate_output(heads, cos, sin),)  # (B, T, Hq * D)
+
+
+def _rotate_heads(x: torch.Tensor, head_dim: int, tables: Tables) -> torch.Tensor:
+    """Rotate every head of ``x`` ``(B, T, H * D)`` by ``R_t``; same shape back."""
+    bsz, seq, width = x.shape
+    heads = x.view(bsz, seq, width // head_dim, head_dim).transpose(1, 2)  # (B, H, T, D)
+    return rotate(heads, *tables).transpose(1, 2).reshape(bsz, seq, width)
+
+
+def _head_dim(module: nn.Module) -> int:
+    for name in ("head_dim", "head_size"):
+        if isinstance(getattr(module, name, None), int):
+            return getattr(module, name)
+    raise ValueError(f"cannot find the head size of {type(module).__name__}")
+
+
+def _orthonormal_half_tables(cos: torch.Tensor, sin: torch.Tensor) -> Tables:
+    """HF's ``(B, T, r)`` tables (halves repeated, attention factor folded in) -> unit ``(B|T, r/2)``.
+
+    Dividing by ``hypot(cos, sin)`` removes any factor the rope type multiplied in, whatever its
+    name or value, so the V and O rotations are exactly orthogonal.
+    """
+    half = cos.shape[-1] // 2
+    dtype = table_dtype(cos.dtype)
+    c, s = cos[..., :half].to(dtype), sin[..., :half].to(dtype)
+    norm = torch.hypot(c, s)
+    c, s = c / norm, s / norm
+    if c.ndim == 3 and c.shape[0] == 1:  # one position row shared by the batch: (T, r/2)
+        c, s = c[0], s[0]
+    return c, s
+
+
+def _attention_modules(model: nn.Module, layout: _Layout) -> list[nn.Module]:
+    # any module, not only nn.Linear: a LoRA or quantised wrapper's output is still the values
+    return [
+        m
+        for m in model.modules()
+        if isinstance(getattr(m, layout.value, None), nn.Module)
+        and isinstance(getattr(m, layout.output, None), nn.Module)
+    ]
+
+
+def position_mode(model: nn.Module) -> HFMode:
+    """``"rove"`` if ``convert`` switched ``model`` to RoVE, else ``"rope"``."""
+    return "rove" if any(hasattr(m, _STATE_ATTR) for m in model.modules()) else "rope"
+
+
+def convert(model: nn.Module, mode: HFMode = "rove") -> nn.Module:
+    """Switch a Hugging Face rotary causal LM to RoVE (``mode="rove"``) or back to RoPE, in place.
+
+    No parameter is added or changed: the same weights compute RoPE or RoVE attention, so a
+    pretrained RoPE model can continue pre-training as RoVE. Supported ``config.model_type``:
+    ``SUPPORTED_MODEL_TYPES`` (partial rotary included). Converting twice to the same mode is a
+    no-op. The mode lives in hooks, not in the saved weights or config: after ``from_pretrained``
+    of a RoVE-trained checkpoint, call ``convert`` again.
+
+    Returns ``model`` (for chaining).
+    """
+    if mode not in ("rope", "rove"):
+        raise ValueError(f"unknown mode {mode!r}; choose 'rove' or 'rope'")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in _LAYOUTS:
+        raise ValueError(
+            f"rove.hf.convert does not support model_type {model_type!r}; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    layout = _LAYOUTS[model_type]
+    modules = _attention_modules(model, layout)
+    if not modules:
+        raise ValueError(f"found no {model_type} attention module in {type(model).__name__}")
+    shared = _SharedTables()
+    for module in modules:
+        state = getattr(module, _STATE_ATTR, None)
+        if mode == "rope" and state is not None:
+            state.remove()
+            delattr(module, _STATE_ATTR)
+        elif mode == "rove" and state is None:
+            setattr(module, _STATE_ATTR, _AttentionState(module, layout, shared))
+    return model
