@@ -110,8 +110,12 @@ class Rotary:
         self._freqs = rotary_frequencies(rotary_dim, self.base, self.scaling)
         # float64 frequencies by device; filled ahead of use (here, and by ``prefetch`` when a
         # ``RoveAttention`` moves) so a compiled forward never mutates it, which would recompile
+        # (keyed by device; the frequencies object is kept to notice a subclass or ``at_length``
+        # that serves others)
         inv_freq = self._freqs.inv_freq
-        self._inv_freq_on: dict[torch.device, torch.Tensor] = {inv_freq.device: inv_freq}
+        self._inv_freq_on: dict[torch.device, tuple[RotaryFrequencies, torch.Tensor]] = {
+            inv_freq.device: (self._freqs, inv_freq)
+        }
 
     def __repr__(self) -> str:
         return (
@@ -160,7 +164,6 @@ class Rotary:
         pinned = Rotary(**self.to_dict())  # type: ignore[arg-type]
         pinned.pinned_length = length
         pinned._freqs = rotary_frequencies(self.rotary_dim, self.base, self.scaling, seq_len=length)
-        pinned._inv_freq_on = {pinned._freqs.inv_freq.device: pinned._freqs.inv_freq}
         return pinned
 
     def frequencies(self, seq_len: int | None = None) -> RotaryFrequencies:
@@ -222,11 +225,13 @@ class Rotary:
             self._inv_freq(torch.empty(0, device=device).device)
 
     def _inv_freq(self, device: torch.device) -> torch.Tensor:
-        """The float64 ``(rotary_dim/2,)`` frequencies of a static schedule on ``device``, cached."""
+        """The float64 ``(rotary_dim/2,)`` frequencies of a static schedule on ``device``, cached
+        per device for the frequencies object ``frequencies()`` serves."""
+        freqs = self.frequencies()
         cached = self._inv_freq_on.get(device)
-        if cached is None:
-            cached = self._inv_freq_on[device] = self._freqs.inv_freq.to(device)
-        return cached
+        if cached is None or cached[0] is not freqs:
+            cached = self._inv_freq_on[device] = (freqs, freqs.inv_freq.to(device))
+        return cached[1]
 
     def rotate(
         self,
