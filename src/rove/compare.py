@@ -42,7 +42,7 @@ from rove.report import write_report
 from rove.train import TrainConfig, train
 from rove.train.config import LOCATION_FIELDS, run_fingerprint
 from rove.train.loop import TrainingInterrupted
-from rove.train.metrics import read_metrics
+from rove.train.metrics import interactive, read_metrics
 
 __all__ = [
     "CompareConfig",
@@ -203,9 +203,11 @@ def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) 
     jobs = [(pos, seed) for seed in cfg.seeds for pos in cfg.positions]
     runs: list[dict] = []
     start = time.perf_counter()
-    bar = tqdm(jobs, desc="compare", disable=not progress, position=0)
-    for pos, seed in bar:
+    bar = tqdm(jobs, desc="compare", disable=not (progress and interactive()), position=0)
+    for i, (pos, seed) in enumerate(bar):
         bar.set_postfix_str(f"{pos} seed {seed}")
+        if progress and not interactive():  # a log file gets a line per job instead of a bar
+            print(f"compare: {i + 1}/{len(jobs)} {pos} seed {seed}", flush=True)
         runs.append(_run_one(cfg, pos, seed, progress))
         results = {
             "title": cfg.title,
