@@ -199,7 +199,7 @@ def test_cli_random_and_checkpoint(tmp_path, capsys):
     text = (tmp_path / "r" / "report.md").read_text()
     defect = re.search(r"Kronecker defect of this head's mixer .*: \*\*(\S+)\*\*", text)
     assert defect is not None and float(defect.group(1)) < 1e-6  # RoPE: a Kronecker product
-    from rove.train.checkpoint import save_checkpoint
+    from rove.checkpoint import save_checkpoint
 
     ckpt = save_checkpoint(
         tmp_path / "ckpt",

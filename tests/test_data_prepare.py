@@ -286,7 +286,7 @@ def test_cli(tmp_path, capsys):
     assert "documents  12" in printed
     assert "3 document(s)" in printed  # val: documents 0, 4, 8
     assert load_manifest(out)["settings"]["val_fraction"] == 0.25
-    assert prep.main(["--source", str(tmp_path / "missing"), "--out", str(out)]) == 1
+    assert prep.main(["--source", str(tmp_path / "missing"), "--out", str(out)]) == 2
     assert "unknown source" in capsys.readouterr().err
     help_text = prep.build_parser().format_help()
     for flag in ("--source", "--tokenizer", "--out", "--val-fraction", "--shard-tokens"):

@@ -10,8 +10,6 @@ Run: pytest tests/test_device_tracing.py
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -20,9 +18,6 @@ from torch.utils._pytree import tree_leaves
 from rove.kernels import use_backend
 from rove.model import GPT, get_preset
 from rove.rotary import Rotary
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's first import (see below)
 
 
 class DeviceLog(TorchDispatchMode):
@@ -68,10 +63,6 @@ def test_triton_path_traces_on_meta(pos):
     """The Triton ops (interpreted, launches skipped on data-less tensors) compose through a
     bf16 model's forward and backward on meta: shapes, strides, dtypes and devices line up."""
     pytest.importorskip("triton")
-    from rove.kernels.triton_kernels import INTERPRETED
-
-    if not INTERPRETED:
-        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set")
     model = meta_model(pos).to(torch.bfloat16)
     idx = torch.zeros(2, 16, dtype=torch.long, device="meta")
     with use_backend("triton"), DeviceLog("meta") as log:

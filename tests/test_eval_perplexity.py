@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rove.eval.perplexity import MIN_WINDOWS, n_windows_for, perplexity_vs_length, window_starts
-from rove.report.stats import bootstrap_mean_ci
+from rove.stats import bootstrap_mean_ci
 from test_eval_mocks import TableLM
 
 

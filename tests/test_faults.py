@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rove.checkpoint import load_checkpoint
 from rove.compare import CompareConfig, StaleRunError, run_compare
 from rove.compare import main as compare_main
 from rove.data import TokenLoader, prepare_dataset
@@ -34,7 +35,6 @@ from rove.evaluate import EvalConfig
 from rove.lock import FolderLockedError
 from rove.train import CheckpointError, TrainConfig, latest_checkpoint, train
 from rove.train import loop as loop_module
-from rove.train.checkpoint import load_checkpoint
 from rove.train.metrics import read_metrics
 
 STEPS = 16
@@ -42,7 +42,7 @@ STEPS = 16
 # through writing the N-th checkpoint file, then runs `rove train` with the given arguments.
 RUNNER = """
 import os, signal, sys, time
-import rove.train.checkpoint as ck
+import rove.checkpoint as ck
 from rove.data import TokenLoader
 delay = float(os.environ.get("FAULT_DELAY", "0"))
 kill_at = int(os.environ.get("FAULT_KILL_IN_SAVE", "0"))
@@ -341,7 +341,7 @@ def test_compare_detects_stale_runs_and_evals(data_dir, tmp_path, capsys):
     assert json.loads((out / "results.json").read_text()) == results  # nothing relabelled
     config_file = tmp_path / "longer.json"
     config_file.write_text(json.dumps(dataclasses.asdict(longer)))
-    assert compare_main(["--config", str(config_file), "--quiet"]) == 1
+    assert compare_main(["--config", str(config_file), "--quiet"]) == 2
     assert "max_steps: 3 -> 4" in capsys.readouterr().err
 
     run_compare(longer, progress=False, force=True)
@@ -366,7 +366,7 @@ def test_second_compare_and_second_eval_into_one_output_are_refused(data_dir, tm
     assert not (out / "runs").exists()  # refused before any work
     target = tmp_path / "eval.json"
     with eval_output_lock(target):
-        assert eval_main([str(tmp_path / "no-run"), "--out", str(target), "--quiet"]) == 1
+        assert eval_main([str(tmp_path), "--out", str(target), "--quiet"]) == 2
     assert "in use by another process" in capsys.readouterr().err
     assert not target.exists()
 

@@ -431,7 +431,7 @@ def test_eval_from_another_directory_and_on_changed_data(nano_run, tmp_path, mon
             evaluate_checkpoint(run_dir, QUICK_EVAL, progress=False)
         out = tmp_path / "e.json"
         argv = [str(run_dir), "--no-ruler", "--no-icl", "--quiet", "--out", str(out)]
-        assert eval_main(argv) == 1
+        assert eval_main(argv) == 2
         assert "--data-dir" in capsys.readouterr().err
         assert eval_main([*argv, "--data-dir", str(copy), "--ppl-lengths", "32",
                           "--ppl-tokens", "64", "--scalings"]) == 0  # fmt: skip

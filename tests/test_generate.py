@@ -7,10 +7,10 @@ import io
 import pytest
 import torch
 
+from rove.checkpoint import save_checkpoint
 from rove.data import get_tokenizer
 from rove.generate import filter_logits, generate_text, main, sample_next
 from rove.model import GPT, GPTConfig
-from rove.train.checkpoint import save_checkpoint
 
 
 def test_top_k_and_top_p_keep_the_right_tokens():
@@ -98,6 +98,6 @@ def test_sampling_is_seeded_and_yarn_applies(run_dir, tmp_path, capsys):
     assert long != generate_text(run, "x" * 40, max_tokens=8, temperature=0)  # 48 > 16 tokens
     assert main([str(run), "--prompt", "ab", "--max-tokens", "5", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.strip() == generate_text(run, "ab", max_tokens=5, temperature=0)
-    assert main([str(run), "--prompt", "ab", "--yarn-factor", "0.5"]) == 1
+    assert main([str(run), "--prompt", "ab", "--yarn-factor", "0.5"]) == 2
     assert "yarn_factor must be > 1" in capsys.readouterr().err
-    assert main([str(tmp_path / "missing"), "--prompt", "ab"]) == 1
+    assert main([str(tmp_path / "missing"), "--prompt", "ab"]) == 2

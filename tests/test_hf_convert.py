@@ -17,9 +17,7 @@ from rove import attention  # noqa: E402
 from rove.rotary import Rotary, RotaryFrequencies  # noqa: E402
 
 VOCAB = 64
-# transformers 5 renamed rope_scaling/rope_theta to rope_parameters. (Nothing here may touch a
-# modeling class at import time: that imports triton before test_kernels_triton can set
-# TRITON_INTERPRET, and breaks those tests when the whole suite runs.)
+# transformers 5 renamed rope_scaling/rope_theta to rope_parameters.
 TRANSFORMERS_5 = "rope_parameters" in inspect.signature(transformers.LlamaConfig).parameters
 
 

@@ -11,10 +11,10 @@ import torch
 pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rove.checkpoint import save_checkpoint
 from rove.data import get_tokenizer
 from rove.hf.export import MODELING_FILE, export_model, load_exported, main
 from rove.model import GPT, GPTConfig
-from rove.train.checkpoint import save_checkpoint
 
 # (pos, extra config, forced remote code, expected HF class)
 CASES = [
@@ -154,7 +154,7 @@ def test_export_cli_from_run_folder(tmp_path, capsys):
     assert int(hf(ids).logits[0, -1].argmax()) >= 257
     out = hf.generate(ids, max_new_tokens=10, do_sample=False)
     assert out.max() < 257
-    assert main([str(tmp_path / "missing"), str(tmp_path / "o2")]) == 1
+    assert main([str(tmp_path / "missing"), str(tmp_path / "o2")]) == 2
     assert "rove export: error" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([str(tmp_path / "run"), str(tmp_path / "o3"), "--max-positions", "0"])

@@ -1,9 +1,8 @@
 """Triton rotation kernels against the pure-torch path: forward, gradients, every layout option.
 
-Without a GPU the kernels run in the Triton interpreter on CPU tensors: this module sets
-``TRITON_INTERPRET=1`` before triton is first imported (the flag is read when the kernels are
-decorated), and skips with a reason if the kernels were already compiled without it. With a GPU
-the same tests run compiled on CUDA, plus the ``gpu``-marked ``torch.compile`` checks.
+Without a GPU the kernels run in the Triton interpreter on CPU tensors (``conftest.py`` sets
+``TRITON_INTERPRET=1`` before triton is first imported). With a GPU the same tests run compiled on
+CUDA, plus the ``gpu``-marked ``torch.compile`` checks.
 
 Run:  pytest tests/test_kernels_triton.py            (CPU, interpreter: ~10 s on 2 cores)
       pytest -m gpu tests/test_kernels_triton.py     (CUDA: torch.compile / opcheck)
@@ -11,13 +10,9 @@ Run:  pytest tests/test_kernels_triton.py            (CPU, interpreter: ~10 s on
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of triton
 pytest.importorskip("triton")
 
 from rove.kernels import (
@@ -37,13 +32,7 @@ from rove.kernels.triton_rotary import (
 )
 from rove.rotary import Rotary
 
-if not INTERPRETED and not torch.cuda.is_available():
-    pytest.skip(
-        "rove's Triton kernels were imported before TRITON_INTERPRET=1 was set and there is no "
-        "GPU; run this file on its own or export TRITON_INTERPRET=1",
-        allow_module_level=True,
-    )
-
+assert INTERPRETED or torch.cuda.is_available(), "conftest.py sets TRITON_INTERPRET without a GPU"
 DEVICE = "cpu" if INTERPRETED else "cuda"
 B, H, T, D = 2, 4, 8, 16
 EPS = {torch.float32: 1e-6, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}

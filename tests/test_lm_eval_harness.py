@@ -19,11 +19,11 @@ import torch
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
+from rove.checkpoint import save_checkpoint
 from rove.data import get_tokenizer
 from rove.eval.lm_eval_adapter import RoveLMAdapter, make_lm_eval_model
 from rove.hf.export import export_model
 from rove.model import GPT, GPTConfig
-from rove.train.checkpoint import save_checkpoint
 from test_eval_lm_eval_adapter import TOK, bigram_logprob, cycle_model
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

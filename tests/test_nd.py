@@ -187,6 +187,12 @@ def test_learned_frequencies_get_gradients():
     rot.rotate(x, torch.rand(3, 2)).square().mul(torch.randn(3, 8)).sum().backward()
     assert rot.freqs.grad is not None and rot.freqs.grad.abs().sum() > 0
     assert list(NDRotary(8, 2).parameters()) == []
+    # also through rove.attention, whose kernels take the differentiable path for learned tables
+    rot.freqs.grad = None
+    q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
+    pos = torch.rand(5, 2) * 4
+    rove.attention(q, k, v, rotary=rot, q_positions=pos, k_positions=pos).sum().backward()
+    assert rot.freqs.grad is not None and rot.freqs.grad.abs().sum() > 0
 
 
 def test_errors_name_the_problem():

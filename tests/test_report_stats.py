@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from rove.report.stats import bootstrap_mean_ci, paired, summarize
+from rove.stats import bootstrap_mean_ci, paired, summarize
 
 LOWER = lambda a, b: a < b  # noqa: E731 (lower is better)
 

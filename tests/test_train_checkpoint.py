@@ -1,4 +1,4 @@
-"""Tests for rove.train.checkpoint: round trip, tied weights, atomicity, corruption, no pickle.
+"""Tests for rove.checkpoint: round trip, tied weights, atomicity, corruption, no pickle.
 
 Run: /tmp/venv/bin/pytest tests/test_train_checkpoint.py -q
 """
@@ -14,9 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rove.model import GPT, get_preset
-from rove.train import checkpoint as ck
-from rove.train.checkpoint import (
+from rove import checkpoint as ck
+from rove.checkpoint import (
     CheckpointError,
     capture_rng,
     latest_checkpoint,
@@ -26,6 +25,7 @@ from rove.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from rove.model import GPT, get_preset
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -10,11 +10,11 @@ import json
 import pytest
 import torch
 
+from rove.checkpoint import load_checkpoint
 from rove.data import TokenLoader, prepare_dataset
 from rove.model import GPT
 from rove.train import NonFiniteLossError, TrainConfig, latest_checkpoint, load_model, train
 from rove.train import loop as loop_module
-from rove.train.checkpoint import load_checkpoint
 from rove.train.cli import main
 from rove.train.metrics import read_metrics
 
@@ -164,7 +164,7 @@ def test_cli_trains(data_dir, tmp_path, capsys):
     argv += ["--out-dir", str(tmp_path), "--no-progress", "--dtype", "fp32"]
     assert main(argv) == 0
     assert "3 steps" in capsys.readouterr().out
-    assert main(argv) == 1  # the run exists and --resume was not given
+    assert main(argv) == 2  # the run exists and --resume was not given
     assert "resume" in capsys.readouterr().err
     run_dir = tmp_path / "nano-rope-seed0"
     assert json.loads((run_dir / "summary.json").read_text())["autocast"] == "fp32"

@@ -15,8 +15,8 @@ import sys
 import pytest
 import torch
 
+from rove.checkpoint import CHECKPOINTS, LATEST
 from rove.train import load_checkpoint, train
-from rove.train.checkpoint import CHECKPOINTS, LATEST
 from rove.train.metrics import SUMMARY_FILE, read_metrics
 from test_train_distributed import config, free_port
 from test_train_distributed import data_dir as data_dir  # the prepared-corpus fixture

@@ -28,16 +28,23 @@ ENTRY = {"demo": "demo_main"}
 def usage() -> str:
     lines = ["usage: rove <command> [options]   (rove <command> --help for its options)", ""]
     lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [
+        "",
+        "A mistake in the input is one 'rove <command>: error: ...' line and exit status 2;",
+    ]
+    lines += ["--debug (anywhere, or ROVE_DEBUG=1) shows the traceback instead."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--debug"]:  # `rove --debug eval ...`: each subcommand reads the flag
+        argv = [*argv[1:], "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0
     if argv[0] in ("-V", "--version"):
-        from rove import __version__
+        from rove._version import __version__
 
         print(f"rove {__version__}")
         return 0

@@ -37,12 +37,13 @@ from tqdm.auto import tqdm
 
 from rove.atomic import write_json_atomic
 from rove.evaluate import EvalConfig, eval_output_lock, evaluate_checkpoint
-from rove.lock import FolderLockedError, lock_folder
-from rove.report import write_report
+from rove.lock import lock_folder
+from rove.report import findings, write_report
+from rove.terminal import command, interactive, key_value
 from rove.train import TrainConfig, train
 from rove.train.config import LOCATION_FIELDS, run_fingerprint
 from rove.train.loop import TrainingInterrupted
-from rove.train.metrics import interactive, read_metrics
+from rove.train.metrics import read_metrics
 
 __all__ = [
     "CompareConfig",
@@ -72,12 +73,28 @@ class CompareConfig:
     baseline: str = "rope"  # the mode others are compared against
     title: str = "RoPE vs RoVE comparison"
 
+    def validate(self) -> None:
+        """Every run's config, before any work: a typo must not surface after the first model
+        has trained for hours. Raises ``ValueError`` naming the problem."""
+        for name, values in (("positions", self.positions), ("seeds", self.seeds)):
+            if not values or len(set(values)) != len(values):
+                raise ValueError(f"{name} must be a non-empty list without repeats, got {values}")
+        if self.baseline not in self.positions:
+            raise ValueError(
+                f"baseline {self.baseline!r} is not one of the positions {self.positions}"
+            )
+        if not isinstance(self.eval, EvalConfig):
+            raise ValueError(f"eval must be an EvalConfig, got {type(self.eval).__name__}")
+        for pos in self.positions:
+            for seed in self.seeds:
+                self.train_config(pos, seed).resolve()
+
     def run_name(self, pos: str, seed: int) -> str:
         return f"{pos}-seed{seed}"
 
     def train_config(self, pos: str, seed: int) -> TrainConfig:
-        return TrainConfig(
-            **{
+        return TrainConfig.from_dict(
+            {
                 **self.train,
                 "pos": pos,
                 "seed": seed,
@@ -192,7 +209,10 @@ def run_compare(cfg: CompareConfig, *, progress: bool = True, force: bool = Fals
     moves such runs aside and retrains them), ``FolderLockedError`` if another comparison
     writes to ``cfg.out_dir``.
     """
+    cfg.validate()
     out = Path(cfg.out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"the comparison folder {out} is a file")
     with lock_folder(out, f"comparison folder {out}"):
         return _run_compare(cfg, out, progress=progress, force=force)
 
@@ -302,9 +322,10 @@ def demo_config(quick: bool = False, out_dir: str | None = None) -> CompareConfi
 def _print_done(report: Path) -> None:
     results = json.loads((report.parent / RESULTS).read_text())
     print(f"\nwrote {report} and {report.parent / RESULTS} ({results['wall_time_s']:.0f} s)")
-    print(report.read_text().split("## Main results")[0].split("## What we found")[-1].strip())
+    print("\n".join(findings(results)))
 
 
+@command("rove demo")
 def demo_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="rove demo",
@@ -320,18 +341,41 @@ def demo_main(argv: list[str] | None = None) -> int:
     return _run_and_print("rove demo", cfg, progress=not args.quiet, force=args.force)
 
 
+def _known(cls: type, data: dict, what: str) -> dict:
+    """``data`` if every key is a field of dataclass ``cls``, else a ``ValueError`` naming them."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    if unknown := sorted(set(data) - known):
+        raise ValueError(f"unknown {what} field(s) {unknown}; known fields: {sorted(known)}")
+    return data
+
+
+def config_from_dict(data: dict) -> CompareConfig:
+    """A ``CompareConfig`` from JSON-like ``data`` (``eval`` a dict); unknown keys are refused."""
+    data = dict(_known(CompareConfig, data, "CompareConfig"))
+    if "eval" in data:
+        data["eval"] = EvalConfig(**_known(EvalConfig, data["eval"], "EvalConfig"))
+    return CompareConfig(**data)
+
+
+@command("rove compare")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="rove compare",
-        description="Train and evaluate several position modes over seeds; write a report.",
+        description="Train and evaluate several position modes over seeds; write a report. "
+        "Every setting is checked before the first model trains.",
     )
     p.add_argument("--config", help="JSON file with CompareConfig fields (train, eval, ...)")
     p.add_argument("--positions", nargs="+", help="position modes, e.g. rope rove (default both)")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2)")
+    p.add_argument("--baseline", help="the mode the others are compared against (default rope)")
     p.add_argument("--out", help="output folder (default runs/compare)")
     p.add_argument(
-        "--train", action="append", default=[], metavar="KEY=VALUE",
+        "--train", action="append", default=[], type=key_value, metavar="KEY=VALUE",
         help="TrainConfig field shared by all runs (JSON value), e.g. --train preset=gpt2-124m",
+    )  # fmt: skip
+    p.add_argument(
+        "--eval", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+        help="EvalConfig field (JSON value), e.g. --eval ruler_samples=20 --eval icl=false",
     )  # fmt: skip
     p.add_argument("--core-bundle", help="local DCLM eval bundle folder: also run CORE")
     p.add_argument("--report-only", action="store_true", help="rebuild report.md from results.json")
@@ -342,37 +386,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     data = json.loads(Path(args.config).read_text()) if args.config else {}
-    if "eval" in data:
-        data["eval"] = EvalConfig(**data["eval"])
-    cfg = CompareConfig(**data)
-    cfg.positions = args.positions or cfg.positions
-    cfg.seeds = args.seeds or cfg.seeds
-    cfg.out_dir = args.out or cfg.out_dir
-    cfg.eval.core_bundle = args.core_bundle or cfg.eval.core_bundle
-    for item in args.train:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--train expects KEY=VALUE, got {item!r}")
-        try:
-            cfg.train[key] = json.loads(value)
-        except json.JSONDecodeError:
-            cfg.train[key] = value  # a bare string, e.g. preset=tiny
+    eval_fields = {**data.get("eval", {}), **dict(args.eval)}
+    if args.core_bundle:
+        eval_fields["core_bundle"] = args.core_bundle
+    data = {**data, "train": {**data.get("train", {}), **dict(args.train)}, "eval": eval_fields}
+    for name in ("positions", "seeds", "baseline"):
+        if getattr(args, name):
+            data[name] = getattr(args, name)
+    if args.out:
+        data["out_dir"] = args.out
+    cfg = config_from_dict(data)
     if args.report_only:
-        results = json.loads((Path(cfg.out_dir) / RESULTS).read_text())
-        print(f"wrote {write_report(results, cfg.out_dir)}")
+        results_file = Path(cfg.out_dir) / RESULTS
+        if not results_file.is_file():
+            raise FileNotFoundError(f"no {results_file}: run the comparison first")
+        print(f"wrote {write_report(json.loads(results_file.read_text()), cfg.out_dir)}")
         return 0
     return _run_and_print("rove compare", cfg, progress=not args.quiet, force=args.force)
 
 
 def _run_and_print(prog: str, cfg: CompareConfig, *, progress: bool, force: bool) -> int:
-    """``run_compare`` for a command line: errors as messages and exit codes, not tracebacks."""
+    """``run_compare`` for a command line; an interrupted run says how to continue."""
     try:
         report = run_compare(cfg, progress=progress, force=force)
     except TrainingInterrupted as err:
         print(f"{prog}: {err}; run the same command again to continue", file=sys.stderr)
         return err.exit_code
-    except (StaleRunError, FolderLockedError) as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        return 1
     _print_done(report)
     return 0

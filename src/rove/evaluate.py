@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import dataclasses
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,9 @@ from rove.atomic import write_json_atomic
 from rove.eval.icl import ICL_TASKS, evaluate_icl
 from rove.eval.perplexity import perplexity_vs_length
 from rove.eval.ruler import RULER_TASKS, evaluate_ruler
-from rove.lock import FolderLockedError, lock_folder
+from rove.eval.summary import eval_summary_lines
+from rove.lock import lock_folder
+from rove.terminal import command, interactive
 
 __all__ = [
     "DEFAULT_RULER_TASKS",
@@ -146,8 +147,6 @@ def evaluate_model(
 
     Progress bars appear only on a terminal: in a log file tqdm is ``\r`` noise.
     """
-    from rove.train.metrics import interactive
-
     progress = progress and interactive()
     train_len = model.config.block_size
     record: dict[str, Any] = {"train_len": train_len}
@@ -313,8 +312,8 @@ def evaluate_checkpoint(
 
     ``data``/``data_dir`` evaluate on other held-out text instead (see ``_held_out_tokens``).
     """
+    from rove.checkpoint import load_model
     from rove.data import check_tokenizer_identity, get_tokenizer
-    from rove.train.checkpoint import load_model
 
     model, meta = load_model(path, device=device)
     train_cfg = meta["train_config"]
@@ -395,6 +394,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("rove eval")
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     qa_paths = {k: v for k, v in (("qa_squad", args.squad), ("qa_hotpot", args.hotpotqa)) if v}
@@ -419,23 +419,19 @@ def main(argv: list[str] | None = None) -> int:
         core_max_per_task=args.core_max_per_task,
         seed=args.seed,
     )
+    if not Path(args.checkpoint).is_dir():  # before the lock, which would create the folder
+        raise FileNotFoundError(f"no run or checkpoint folder {args.checkpoint}")
     out = Path(args.out) if args.out else Path(args.checkpoint) / "eval.json"
-    try:
-        with eval_output_lock(out):
-            record = evaluate_checkpoint(
-                args.checkpoint,
-                cfg,
-                device=args.device,
-                progress=not args.quiet,
-                data=args.data,
-                data_dir=args.data_dir,
-            )
-            write_json_atomic(out, record)
-    except (ValueError, FileNotFoundError, FolderLockedError) as err:
-        print(f"rove eval: error: {err}", file=sys.stderr)
-        return 1
+    with eval_output_lock(out):
+        record = evaluate_checkpoint(
+            args.checkpoint,
+            cfg,
+            device=args.device,
+            progress=not args.quiet,
+            data=args.data,
+            data_dir=args.data_dir,
+        )
+        write_json_atomic(out, record)
     print(f"wrote {out}")
-    from rove.report.console import eval_summary_lines  # matplotlib-free, but only needed here
-
     print("\n".join(eval_summary_lines(record)))
     return 0

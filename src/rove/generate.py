@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, TextIO
 
 import torch
 
+from rove.terminal import USER_ERRORS, command
+
 if TYPE_CHECKING:
     from rove.model import GPT
 
@@ -172,8 +174,8 @@ def generate_text(
             step, decode = _hf_steps(model), tok.decode
             tokens = _tokens(step, ids, max_tokens, eot, sampler, len(tok))
             return _stream(tokens, decode, out)
+        from rove.checkpoint import load_model
         from rove.data import checkpoint_tokenizer
-        from rove.train.checkpoint import load_model
 
         model, meta = load_model(folder, device=device)
         rove_tok = checkpoint_tokenizer(meta, f"checkpoint {folder}")
@@ -216,6 +218,7 @@ def _stream(tokens: Iterator[int], decode: Callable[[list[int]], str], out: Text
     return text
 
 
+@command("rove generate")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rove generate",
@@ -252,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             out=sys.stdout,
         )
-    except (ValueError, ImportError, OSError) as err:
-        print(f"\nrove generate: error: {err}", file=sys.stderr)
-        return 1
+    except USER_ERRORS:
+        print(flush=True)  # end the streamed line before the error line
+        raise
     print()
     return 0

@@ -163,7 +163,7 @@ def rotary_representation(rotary: Rotary, positions: torch.Tensor) -> torch.Tens
             f"channels), got {rotary.convention!r}"
         )
     cos, sin = rotary.tables(positions, torch.float64)  # (..., r/2)
-    # plane m: (a, b) -> (a cos - b sin, a sin + b cos), the convention of rove.rotary.rotation
+    # plane m: (a, b) -> (a cos - b sin, a sin + b cos), the convention of rove.rotation
     return torch.stack((torch.stack((cos, -sin), -1), torch.stack((sin, cos), -1)), -2)
 
 

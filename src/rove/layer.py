@@ -18,12 +18,11 @@ from rove.functional import (
     document_runs,
     logit_temperature,
 )
-from rove.kernels import split_rotate_qkv, unrotate_output
-from rove.kernels.torch_rotary import heads_view
+from rove.kernels import heads_view, split_rotate_qkv, unrotate_output
 from rove.kv_cache import KVCache
 from rove.rotary import Rotary, check_positions, table_dtype
 
-__all__ = ["RoveAttention", "split_heads"]
+__all__ = ["RoveAttention"]
 
 
 def split_heads(

@@ -37,6 +37,7 @@ from rove.analysis.plots import (
 )
 from rove.atomic import write_text_atomic
 from rove.model import GPT, POSITIONS, PRESETS, get_preset
+from rove.terminal import command
 
 __all__ = ["analyze", "build_parser", "main", "random_model"]
 
@@ -102,7 +103,7 @@ def analyze(
     """Write ``report.md`` and PNG figures on ``layer`` / ``head`` of a model into ``out_dir``.
 
     Arguments:
-        source: a checkpoint (or run folder) for ``rove.train.checkpoint.load_model``, or a GPT.
+        source: a checkpoint (or run folder) for ``rove.checkpoint.load_model``, or a GPT.
         text: text to run through the model (encoded with the checkpoint's tokenizer, byte
             tokenizer for a bare model); default random tokens from ``seed``.
         tokens: ``(T,)`` token ids instead of text.
@@ -114,7 +115,7 @@ def analyze(
     if isinstance(source, GPT):
         model, meta, name = source.eval(), {}, "model passed in"
     else:
-        from rove.train.checkpoint import load_model
+        from rove.checkpoint import load_model
 
         model, meta = load_model(source)
         name = str(meta.get("checkpoint", source))
@@ -234,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@command("rove analyze")
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

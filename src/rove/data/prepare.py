@@ -48,7 +48,6 @@ import os
 import platform
 import re
 import secrets
-import sys
 import tempfile
 from collections import deque
 from collections.abc import Iterator
@@ -58,7 +57,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from rove import __version__
+from rove._version import __version__
 from rove.atomic import write_json_atomic
 from rove.data.corpora import (
     FINEWEB_EDU,
@@ -72,6 +71,7 @@ from rove.data.corpora import (
 )
 from rove.data.shards import read_header, token_dtype, write_shard
 from rove.data.tokenizers import Tokenizer, get_tokenizer
+from rove.terminal import command
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "rove-token-shards"
@@ -705,32 +705,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@command("rove data prepare")
 def main(argv: list[str] | None = None) -> int:
     """``rove data prepare``: prepare a dataset and print its summary; returns the exit code."""
     args = build_parser().parse_args(argv)
-    try:
-        out = Path(args.out) if args.out else default_data_dir(
-            args.source,
-            args.tokenizer,
-            val_fraction=args.val_fraction,
-            shard_tokens=args.shard_tokens,
-            max_tokens=args.max_tokens,
-            encoding=args.encoding,
-        )  # fmt: skip
-        data_dir = prepare_dataset(
-            args.source,
-            out,
-            args.tokenizer,
-            val_fraction=args.val_fraction,
-            shard_tokens=args.shard_tokens,
-            max_tokens=args.max_tokens,
-            workers=args.workers,
-            progress=not args.no_progress,
-            force=args.force,
-            encoding=args.encoding,
-        )
-    except (ValueError, ImportError, RuntimeError, OSError) as err:
-        print(f"rove data prepare: error: {err}", file=sys.stderr)
-        return 1
+    out = Path(args.out) if args.out else default_data_dir(
+        args.source,
+        args.tokenizer,
+        val_fraction=args.val_fraction,
+        shard_tokens=args.shard_tokens,
+        max_tokens=args.max_tokens,
+        encoding=args.encoding,
+    )  # fmt: skip
+    data_dir = prepare_dataset(
+        args.source,
+        out,
+        args.tokenizer,
+        val_fraction=args.val_fraction,
+        shard_tokens=args.shard_tokens,
+        max_tokens=args.max_tokens,
+        workers=args.workers,
+        progress=not args.no_progress,
+        force=args.force,
+        encoding=args.encoding,
+    )
     print(format_summary(load_manifest(data_dir), data_dir))
     return 0

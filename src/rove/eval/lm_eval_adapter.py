@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from rove.eval.protocol import LanguageModel, Tokenizer
 from rove.eval.scoring import encode_pair, model_device, score_continuations
+from rove.terminal import command
 
 __all__ = ["RoveLMAdapter", "make_lm_eval_model"]
 
@@ -158,6 +159,7 @@ def make_lm_eval_model(model: LanguageModel, tokenizer: Tokenizer, **kwargs: Any
     return RoveLM(model=model, tokenizer=tokenizer, **kwargs)
 
 
+@command("rove lm-eval")
 def main(argv: list[str] | None = None) -> int:
     """``rove lm-eval ...``: lm-eval's own CLI with the ``rove`` model type registered.
 
@@ -166,13 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     try:
         from lm_eval.__main__ import cli_evaluate
-    except ImportError:
-        print(
-            "rove lm-eval: error: lm-evaluation-harness is not installed; "
-            "pip install rove[lm-eval]",
-            file=sys.stderr,
-        )
-        return 1
+    except ImportError as err:
+        raise ImportError(
+            "lm-evaluation-harness is not installed; pip install rove[lm-eval]"
+        ) from err
     import rove.eval.lm_eval_model  # noqa: F401  (registers the ``rove`` model type)
 
     argv = sys.argv[2:] if argv is None else list(argv)

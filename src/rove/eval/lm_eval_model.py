@@ -78,8 +78,8 @@ class RoveLM(LM):  # type: ignore[misc]
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if pretrained is not None:
+            from rove.checkpoint import load_model
             from rove.data import checkpoint_tokenizer
-            from rove.train.checkpoint import load_model
 
             model, meta = load_model(pretrained, device=_device(device))
             tokenizer = checkpoint_tokenizer(meta, f"checkpoint {pretrained}")

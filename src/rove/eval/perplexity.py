@@ -15,7 +15,7 @@ Design choices:
   therefore grows with ``L`` once ``L * min_windows`` exceeds it. A stream too short for
   ``min_windows`` windows uses all it has and says so in ``note``.
 - **Intervals.** Each window's mean loss is kept (``window_loss``); the 95% interval of the
-  perplexity is a percentile bootstrap over windows (:func:`rove.report.stats.bootstrap_mean_ci`).
+  perplexity is a percentile bootstrap over windows (:func:`rove.stats.bootstrap_mean_ci`).
 - **Document boundaries are crossed.** The held-out stream is documents joined by the end-of-text
   token, and windows are cut from it without regard to where documents start: a window may hold
   the end of one document, the separator and the start of the next, the separator is scored as a
@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 
 from rove.eval.protocol import LanguageModel
 from rove.eval.scoring import model_device, rope_scaled, scaling_factor
-from rove.report.stats import bootstrap_mean_ci
+from rove.stats import bootstrap_mean_ci
 
 __all__ = ["MIN_WINDOWS", "n_windows_for", "perplexity_vs_length", "window_starts"]
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import torch
 
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
+from rove.terminal import command
 
 __all__ = ["export_model", "export_run", "load_exported", "main"]
 
@@ -251,8 +251,8 @@ def export_run(
     max_positions: int | None = None,
 ) -> Path:
     """Export the latest checkpoint of a run folder (or a checkpoint folder) with its tokenizer."""
+    from rove.checkpoint import load_model
     from rove.data import checkpoint_tokenizer
-    from rove.train.checkpoint import load_model
 
     model, meta = load_model(run_dir)
     tokenizer = checkpoint_tokenizer(meta, f"checkpoint {run_dir}")
@@ -279,6 +279,7 @@ def load_exported(path: str | Path, **kwargs: Any) -> Any:
     return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, **kwargs)
 
 
+@command("rove export")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rove export",
@@ -301,15 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_positions is not None and args.max_positions < 1:
         parser.error(f"--max-positions must be >= 1, got {args.max_positions}")
-    try:
-        out = export_run(
-            args.run_dir,
-            args.out_dir,
-            remote_code=args.remote_code,
-            max_positions=args.max_positions,
-        )
-    except (ValueError, ImportError, OSError) as err:
-        print(f"rove export: error: {err}", file=sys.stderr)
-        return 1
+    out = export_run(
+        args.run_dir, args.out_dir, remote_code=args.remote_code, max_positions=args.max_positions
+    )
     print(f"exported {args.run_dir} -> {out}")
     return 0

@@ -2,18 +2,22 @@
 
 from rove.kernels.dispatch import (
     BACKENDS,
-    get_backend,
     rotate,
     split_rotate_qkv,
     triton_available,
     unrotate_output,
     use_backend,
 )
-from rove.kernels.torch_rotary import rotate_torch, split_rotate_qkv_torch, unrotate_output_torch
+from rove.kernels.torch_rotary import (
+    heads_view,
+    rotate_torch,
+    split_rotate_qkv_torch,
+    unrotate_output_torch,
+)
 
 __all__ = [
     "BACKENDS",
-    "get_backend",
+    "heads_view",
     "rotate",
     "rotate_torch",
     "split_rotate_qkv",

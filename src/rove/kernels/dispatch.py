@@ -15,12 +15,11 @@ from collections.abc import Iterator
 import torch
 
 from rove.kernels.torch_rotary import rotate_torch, split_rotate_qkv_torch, unrotate_output_torch
-from rove.rotary.rotation import Convention
+from rove.rotation import Convention
 
 __all__ = [
     "BACKENDS",
     "check_tables",
-    "get_backend",
     "rotate",
     "split_rotate_qkv",
     "triton_available",
@@ -35,10 +34,6 @@ _backend = os.environ.get("ROVE_KERNELS", "auto")
 def triton_available() -> bool:
     """True when the Triton package can be imported (it is an optional extra)."""
     return importlib.util.find_spec("triton") is not None
-
-
-def get_backend() -> str:
-    return _backend
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from rove.rotary.rotation import Convention, apply_rotary, check_convention, table_dtype
+from rove.rotation import Convention, apply_rotary, check_convention, table_dtype
 
 __all__ = [
     "broadcast_tables",

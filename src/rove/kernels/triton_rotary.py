@@ -38,7 +38,7 @@ from rove.kernels.triton_kernels import (
     launch_split_qkv,
     qkv_head_dim,
 )
-from rove.rotary.rotation import Convention, check_convention
+from rove.rotation import Convention, check_convention
 
 __all__ = ["rotate_triton", "split_rotate_qkv_triton", "unrotate_output_triton"]
 

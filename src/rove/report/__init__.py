@@ -1,24 +1,25 @@
-"""Reports from structured results: seed statistics, markdown tables and PNG plots.
+"""The comparison report: markdown tables, findings and PNG plots from structured results.
 
-The report builders (and with them matplotlib) load on first use, so evaluation code that only
-needs :mod:`rove.report.stats` does not import a plotting library.
+The builders (and with them matplotlib) load on first use; the seed statistics they use live in
+:mod:`rove.stats` and are re-exported here.
 """
 
 from typing import Any
 
-from rove.report.stats import Paired, Summary, paired, summarize
+from rove.stats import Paired, Summary, paired, summarize
 
 __all__ = [
     "Metric",
     "Paired",
     "Summary",
+    "findings",
     "metrics_of",
     "paired",
     "render_report",
     "summarize",
     "write_report",
 ]
-_REPORT = {"Metric", "metrics_of", "render_report", "write_report"}
+_REPORT = {"Metric", "findings", "metrics_of", "render_report", "write_report"}
 
 
 def __getattr__(name: str) -> Any:

@@ -20,8 +20,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-from rove.report.records import ruler_groups, ruler_lengths
-from rove.report.stats import summarize
+from rove.eval.records import ruler_groups, ruler_lengths
+from rove.stats import summarize
 
 __all__ = [
     "has_ruler_data",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rove.atomic import write_text_atomic
+from rove.eval.records import dig, ruler_cells, ruler_groups, ruler_lengths
 from rove.eval.ruler import RULER_GROUPS, RULER_TASKS
 from rove.report.plots import (
     has_ruler_data,
@@ -22,8 +23,7 @@ from rove.report.plots import (
     plot_ruler,
     plot_training_curves,
 )
-from rove.report.records import dig, ruler_cells, ruler_groups, ruler_lengths
-from rove.report.stats import MIN_TEST_N, paired, summarize
+from rove.stats import MIN_TEST_N, paired, summarize
 
 __all__ = ["Metric", "metrics_of", "render_report", "write_report"]
 
@@ -399,16 +399,32 @@ def _gaps_line(runs: list[dict]) -> list[str]:
     return [f"- Not measured: {'; '.join(gaps)}; reasons below."] if gaps else []
 
 
-def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
-    """Markdown report of ``results``; ``figures`` maps captions to image file names."""
+def _runs_and_baseline(results: dict) -> tuple[list[dict], str]:
     runs = results["runs"]
     if not runs:
         raise ValueError("results.json holds no runs: nothing to report")
-    cfg = results.get("config", {})
     labels = _labels(runs)
-    baseline = cfg.get("baseline") or ("rope" if "rope" in labels else labels[0])
+    baseline = results.get("config", {}).get("baseline")
+    return runs, baseline or ("rope" if "rope" in labels else labels[0])
+
+
+def findings(results: dict) -> list[str]:
+    """The report's "What we found" bullets: the headline differences and what was not measured
+    (also what ``rove compare`` prints when it finishes)."""
+    runs, baseline = _runs_and_baseline(results)
+    return [
+        *(results.get("summary_lines") or []),
+        *_paired_table(runs, baseline)[1],
+        *_gaps_line(runs),
+    ]
+
+
+def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
+    """Markdown report of ``results``; ``figures`` maps captions to image file names."""
+    runs, baseline = _runs_and_baseline(results)
+    labels = _labels(runs)
     seeds = sorted({r["seed"] for r in runs})
-    table, findings = _paired_table(runs, baseline)
+    table = _paired_table(runs, baseline)[0]
     lines = [
         f"# {results.get('title', 'RoPE vs RoVE comparison')}",
         "",
@@ -417,9 +433,7 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         "",
         "## What we found",
         "",
-        *(results.get("summary_lines") or []),
-        *findings,
-        *_gaps_line(runs),
+        *findings(results),
         "",
         f"With {len(seeds)} seed(s), a difference that is not consistent across seeds is within "
         "noise. Small CPU models trained for minutes are far from the paper's 124M/354M models "

@@ -3,7 +3,7 @@
 from rove.rotary.embedding import TEMPERATURES, Rotary, Temperature, check_positions
 from rove.rotary.frequencies import SCHEDULES, RotaryFrequencies, rotary_frequencies
 from rove.rotary.nd import NDRotary, grid_positions
-from rove.rotary.rotation import (
+from rove.rotation import (
     CONVENTIONS,
     Convention,
     apply_rotary,

@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 
 from rove.rotary.frequencies import RotaryFrequencies, rotary_frequencies
-from rove.rotary.rotation import Convention, check_convention, rotation_tables, table_dtype
+from rove.rotation import Convention, check_convention, rotation_tables, table_dtype
 
 __all__ = ["TEMPERATURES", "Rotary", "Temperature", "check_positions"]
 

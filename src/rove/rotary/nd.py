@@ -23,9 +23,10 @@ Notable features:
   coordinates of points, a CLS token at the image centre).
 - Fixed frequencies are a plain float64 tensor, not a buffer, so ``model.float()`` or
   ``model.half()`` never round them; learned ones are a float32 parameter.
-- ``rotate`` / ``unrotate`` are pure torch and differentiable in the frequencies. The fused path
-  of ``rove.attention`` / ``RoveAttention`` (``rove.kernels``) treats the tables as constants, so
-  learned frequencies only train when rotations go through ``NDRotary.rotate``.
+- ``rotate`` / ``unrotate`` are pure torch and differentiable in the frequencies. The fused
+  Triton kernels treat the tables as constants, so ``rove.kernels`` takes the pure-torch path
+  whenever a table requires grad: learned frequencies train through ``rove.attention`` and
+  ``RoveAttention`` too.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from rove.rotary.rotation import Convention, check_convention, table_dtype
+from rove.rotation import Convention, check_convention, table_dtype
 
 __all__ = ["LAYOUTS", "Layout", "NDRotary", "grid_positions"]
 
@@ -155,19 +156,6 @@ class NDRotary(nn.Module):
             f"layout={self.layout!r}, base={self.base:g}, convention={self.convention!r}, "
             f"planes_per_axis={self.planes_per_axis}, learned={self.learned}, seed={self.seed}"
         )
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "head_dim": self.head_dim,
-            "n_axes": self.n_axes,
-            "rotary_dim": self.rotary_dim,
-            "layout": self.layout,
-            "base": self.base,
-            "convention": self.convention,
-            "planes_per_axis": list(self.planes_per_axis),
-            "learned": self.learned,
-            "seed": self.seed,
-        }
 
     def frequency_matrix(self) -> torch.Tensor:
         """``(rotary_dim / 2, n_axes)``: plane ``m`` turns by ``<p, W[m]>`` at position ``p``."""

@@ -10,7 +10,7 @@ The command line is ``rove train`` (``rove.train.cli.main``), which also runs un
 ``torchrun --nproc_per_node=N -m rove.train.cli``.
 """
 
-from rove.train.checkpoint import (
+from rove.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,

@@ -22,24 +22,16 @@ import os
 import sys
 
 from rove.model import POSITIONS, PRESETS
+from rove.terminal import command, key_value
 from rove.train.config import DECAY_SHAPES, DTYPES, LOGGERS, SCHEDULES, TOKENIZERS, TrainConfig
 from rove.train.distributed import PARALLEL
+from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
 RECIPE = "default: from the preset's recipe"
 # GPTConfig fields with their own flag, mapped into TrainConfig.model_overrides.
 _MODEL_FLAGS = ("n_kv_head", "shared_kv", "rotary_dim", "rope_base", "rope_convention", "dropout")
-
-
-def _key_value(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key.replace("-", "_"), json.loads(value)
-    except json.JSONDecodeError:
-        return key.replace("-", "_"), value
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -72,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=float, help="dropout rate; default: 0")
     g.add_argument(
         "--model",
-        type=_key_value,
+        type=key_value,
         action="append",
         default=[],
         metavar="KEY=VALUE",
@@ -147,38 +139,25 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(model_overrides=overrides, loggers=list(dict.fromkeys(args.log)), **fields)
 
 
+@command("rove train")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rove train``; returns the exit status."""
     args = build_parser().parse_args(argv)
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    try:
-        cfg = config_from_args(args).resolve()
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        grad_accum = cfg.grad_accum_steps(world)
-    except ValueError as err:
-        print(f"rove train: error: {err}", file=sys.stderr)
-        return 2
+    cfg = config_from_args(args).resolve()
+    grad_accum = cfg.grad_accum_steps(int(os.environ.get("WORLD_SIZE", "1")))
     if args.dry_run:
         if main_rank:
             print(json.dumps({**cfg.to_dict(), "grad_accum": grad_accum}, indent=2))
         return 0
     if main_rank:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from rove.lock import FolderLockedError
-    from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train  # heavy imports
-
     try:
         run_dir = train(cfg, progress=not args.no_progress, resume=args.resume)
     except TrainingInterrupted as err:
         print(f"rove train: {err}; continue with --resume", file=sys.stderr)
         return err.exit_code
-    except (
-        ValueError,
-        FileExistsError,
-        FileNotFoundError,
-        FolderLockedError,
-        NonFiniteLossError,
-    ) as err:
+    except NonFiniteLossError as err:  # the run failed, not its command line
         print(f"rove train: error: {err}", file=sys.stderr)
         return 1
     if main_rank:

@@ -4,7 +4,7 @@ Run directory (``<out_dir>/<run_name>/``)::
 
     config.json     resolved TrainConfig + GPTConfig + tokenizer identity + world size
     metrics.jsonl   one record per step (loss, lr, tokens, tok/s, grad norm, val loss, MFU)
-    checkpoints/    see rove.train.checkpoint
+    checkpoints/    see rove.checkpoint
     summary.json    final train/val loss, tokens, wall time, tokens/s
 
 Notable features:
@@ -46,8 +46,18 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from rove import __version__
+from rove._version import __version__
 from rove.atomic import write_json_atomic
+from rove.checkpoint import (
+    CHECKPOINTS,
+    Checkpoint,
+    CheckpointError,
+    capture_rng,
+    restore_model,
+    restore_rng,
+    resume_checkpoint,
+    save_checkpoint,
+)
 from rove.data import (
     TokenLoader,
     check_tokenizer_identity,
@@ -61,16 +71,7 @@ from rove.data import (
 from rove.lock import FolderLock, FolderLockedError, acquire
 from rove.model import GPT
 from rove.precision import autocast_dtype, describe_precision
-from rove.train.checkpoint import (
-    CHECKPOINTS,
-    Checkpoint,
-    CheckpointError,
-    capture_rng,
-    restore_model,
-    restore_rng,
-    resume_checkpoint,
-    save_checkpoint,
-)
+from rove.terminal import interactive
 from rove.train.config import (
     RESUMABLE_CHANGES,
     TrainConfig,
@@ -94,7 +95,6 @@ from rove.train.metrics import (
     SUMMARY_FILE,
     MetricsLogger,
     eval_line,
-    interactive,
     mfu,
     peak_bf16_flops,
     write_summary,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import torch
@@ -25,7 +24,6 @@ __all__ = [
     "PEAK_BF16_FLOPS",
     "MetricsLogger",
     "eval_line",
-    "interactive",
     "mfu",
     "peak_bf16_flops",
     "read_metrics",
@@ -66,11 +64,6 @@ def mfu(flops_per_token: float, tokens_per_s_per_device: float, peak: float | No
     if not peak:
         return None
     return flops_per_token * tokens_per_s_per_device / peak
-
-
-def interactive() -> bool:
-    """Whether stderr is a terminal: progress bars there, plain log lines elsewhere."""
-    return sys.stderr.isatty()
 
 
 def _clock(seconds: float) -> str:

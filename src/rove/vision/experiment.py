@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from rove.atomic import write_json_atomic, write_text_atomic
+from rove.terminal import command
 from rove.vision.data import ImageData, load_cifar10, load_digits, resize
 from rove.vision.model import VIT_POSITIONS, ViT, ViTConfig
 
@@ -240,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@command("rove vision")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     threads = torch.get_num_threads()
@@ -255,7 +257,7 @@ def _run(args: argparse.Namespace) -> int:
     positions = tuple(p for p in args.positions.split(",") if p)
     unknown = sorted(set(positions) - set(VIT_POSITIONS))
     if unknown:
-        raise SystemExit(f"unknown position encoding(s) {unknown}; choose from {VIT_POSITIONS}")
+        raise ValueError(f"unknown position encoding(s) {unknown}; choose from {VIT_POSITIONS}")
     if args.dataset == "digits":
         data, in_channels, size = load_digits(), 1, args.image_size or 16
     else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rove.report.records import ruler_groups
+from rove.eval.records import ruler_groups
 
 __all__ = ["eval_summary_lines"]
 

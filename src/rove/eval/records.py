@@ -1,4 +1,7 @@
-"""Accessors for the per-model records of ``results.json`` (shared by tables, plots, console)."""
+"""Accessors for evaluation records (``rove eval``'s output, one per model in ``results.json``).
+
+Shared by the report's tables and plots and by the console summary.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,67 @@
+"""What every ``rove`` subcommand shares with the person at the terminal.
+
+- :func:`interactive`: progress bars on a terminal, plain log lines elsewhere.
+- :func:`command`: a user error (bad value, missing or locked folder, full disk, missing extra)
+  is one ``rove <cmd>: error: ...`` line and exit status 2, never a traceback; ``--debug`` (or
+  ``ROVE_DEBUG=1``) shows the traceback instead. Anything else is a bug and keeps its traceback.
+- :func:`key_value`: the ``KEY=VALUE`` flags (values parsed as JSON, else kept as strings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+
+from rove.lock import FolderLockedError
+
+__all__ = ["USER_ERRORS", "command", "interactive", "key_value"]
+
+# What a person can fix: wrong values and configs (ValueError, including corrupt checkpoints and
+# stale runs), files and folders (OSError: missing, a file where a folder belongs, disk full,
+# permissions), another process holding a folder, an optional extra that is not installed.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FolderLockedError, ImportError)
+
+Main = Callable[[list[str] | None], int]
+
+
+def interactive() -> bool:
+    """Whether stderr is a terminal (in a log file a tqdm bar is ``\\r`` noise)."""
+    return sys.stderr.isatty()
+
+
+def command(prog: str) -> Callable[[Main], Main]:
+    """Decorate a subcommand's ``main(argv)`` so user errors exit 2 with one line naming them."""
+
+    def wrap(main: Main) -> Main:
+        @functools.wraps(main)
+        def run(argv: list[str] | None = None) -> int:
+            args = list(sys.argv[1:] if argv is None else argv)
+            debug = "--debug" in args or os.environ.get("ROVE_DEBUG") == "1"
+            try:
+                return main([a for a in args if a != "--debug"])
+            except USER_ERRORS as err:
+                if debug:
+                    raise
+                message = str(err).strip() or type(err).__name__
+                print(f"{prog}: error: {message} (--debug for the traceback)", file=sys.stderr)
+                return 2
+
+        return run
+
+    return wrap
+
+
+def key_value(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` as ``(key, value)``: ``-`` in keys read as ``_``, the value as JSON if it
+    parses (numbers, booleans, lists), else the bare string (``preset=tiny``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.replace("-", "_"), json.loads(value)
+    except json.JSONDecodeError:
+        return key.replace("-", "_"), value

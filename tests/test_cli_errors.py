@@ -1,0 +1,116 @@
+"""User errors on the command line: one ``rove <cmd>: error: ...`` line naming the problem, exit
+status 2, no traceback, nothing written; ``--debug`` shows the traceback instead. Every setting of
+``rove compare`` is checked before the first model trains."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+
+from rove.cli import main as rove
+
+
+def _one_error_line(capsys: pytest.CaptureFixture, prog: str, *needles: str) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith(f"{prog}: error: "), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[-1], (needle, lines[-1])
+    return lines[-1]
+
+
+def test_eval_of_a_missing_folder_names_it_and_creates_nothing(tmp_path, capsys):
+    missing = tmp_path / "no-such-run"
+    assert rove(["eval", str(missing), "--quiet"]) == 2
+    _one_error_line(capsys, "rove eval", "no run or checkpoint folder", str(missing))
+    assert not missing.exists()  # the output lock did not create it
+
+
+def test_eval_with_an_unknown_scaling(tmp_path, capsys):
+    assert rove(["eval", str(tmp_path), "--scalings", "foo", "--quiet"]) == 2
+    _one_error_line(capsys, "rove eval", "unknown scaling(s) ['foo']", "yarn")
+
+
+def test_debug_shows_the_traceback_instead(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no run or checkpoint folder"):
+        rove(["eval", str(tmp_path / "missing"), "--debug"])
+    with pytest.raises(FileNotFoundError):
+        rove(["--debug", "eval", str(tmp_path / "missing")])
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--train", "presett=nano"], ["unknown TrainConfig field(s) ['presett']"]),
+        (["--positions", "rope", "alibi"], ["pos", "alibi"]),
+        (["--train", "preset=nano", "--train", "lr=-1"], ["lr"]),
+        (["--eval", "ruler_smaples=3"], ["unknown EvalConfig field(s) ['ruler_smaples']"]),
+        (["--eval", 'scalings=["foo"]'], ["unknown scaling(s) ['foo']"]),
+        (["--baseline", "nope"], ["baseline 'nope' is not one of the positions"]),
+        (["--seeds", "0", "0"], ["seeds must be a non-empty list without repeats"]),
+    ],
+)
+def test_compare_checks_every_setting_before_any_work(tmp_path, capsys, args, needles):
+    out = tmp_path / "cmp"
+    assert rove(["compare", "--out", str(out), "--quiet", *args]) == 2
+    _one_error_line(capsys, "rove compare", *needles)
+    assert not out.exists()  # refused before the lock, a run folder or a dataset
+
+
+def test_compare_report_only_without_results(tmp_path, capsys):
+    assert rove(["compare", "--out", str(tmp_path), "--report-only"]) == 2
+    _one_error_line(capsys, "rove compare", "results.json", "run the comparison first")
+
+
+def test_an_output_folder_that_is_a_file(tmp_path, capsys):
+    a_file = tmp_path / "taken"
+    a_file.write_text("not a folder")
+    assert rove(["compare", "--out", str(a_file), "--quiet", "--train", "preset=nano"]) == 2
+    _one_error_line(capsys, "rove compare", str(a_file), "is a file")
+    assert rove(["train", "--preset", "nano", "--out-dir", str(a_file), "--no-progress"]) == 2
+    _one_error_line(capsys, "rove train", str(a_file))
+    assert a_file.read_text() == "not a folder"
+
+
+def test_a_full_disk_is_a_message(tmp_path, capsys, monkeypatch):
+    """ENOSPC while writing the result: the message, not a traceback; no partial file."""
+    import rove.evaluate as evaluate
+
+    def fake_evaluate(*args, **kwargs):
+        return {"ppl": {}}
+
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(evaluate, "evaluate_checkpoint", fake_evaluate)
+    monkeypatch.setattr(evaluate, "write_json_atomic", full)
+    out = tmp_path / "eval.json"
+    assert rove(["eval", str(tmp_path), "--out", str(out), "--quiet"]) == 2
+    _one_error_line(capsys, "rove eval", "No space left on device")
+    assert not out.exists()
+
+
+def test_generate_of_a_missing_run(tmp_path, capsys):
+    assert rove(["generate", str(tmp_path / "missing"), "--prompt", "a"]) == 2
+    _one_error_line(capsys, "rove generate", "missing")
+
+
+def test_data_prepare_of_a_missing_source(tmp_path, capsys):
+    out = tmp_path / "data"
+    assert rove(["data", "prepare", "--source", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+    _one_error_line(capsys, "rove data prepare", "nothing")
+
+
+def test_vision_with_an_unknown_position(capsys):
+    assert rove(["vision", "--positions", "rope,alibi"]) == 2
+    _one_error_line(capsys, "rove vision", "alibi")
+
+
+def test_a_compare_config_file_with_a_typo(tmp_path, capsys):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"positons": ["rope"]}))
+    assert rove(["compare", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    _one_error_line(capsys, "rove compare", "unknown CompareConfig field(s) ['positons']")
