@@ -105,8 +105,10 @@ def test_data_prepare_of_a_missing_source(tmp_path, capsys):
 
 
 def test_vision_with_an_unknown_position(capsys):
-    assert rove(["vision", "--positions", "rope,alibi"]) == 2
-    _one_error_line(capsys, "rove vision", "alibi")
+    with pytest.raises(SystemExit) as exit_:  # argparse's choices: the same one-line form
+        rove(["vision", "--positions", "rope-axial", "alibi"])
+    assert exit_.value.code == 2
+    _one_error_line(capsys, "rove vision", "invalid choice: 'alibi'")
 
 
 def test_a_compare_config_file_with_a_typo(tmp_path, capsys):

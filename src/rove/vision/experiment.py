@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--image-size", type=int, default=None, help="train size (16 digits, 32 cifar)"
     )
     data.add_argument(
-        "--test-sizes", default=None, help="comma-separated test sizes (default: 1x, 1.5x, 2x)"
+        "--test-sizes", type=int, nargs="+", help="test sizes in pixels (default: 1x, 1.5x, 2x)"
     )
     model = parser.add_argument_group("model")
     model.add_argument("--patch-size", type=int, default=4, help="square patch side in pixels")
@@ -225,11 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--n-head", type=int, default=4, help="attention heads")
     model.add_argument("--pool", default="mean", choices=("mean", "cls"), help="pooling")
     model.add_argument(
-        "--positions", default=",".join(VIT_POSITIONS), help="comma-separated encodings"
+        "--positions",
+        nargs="+",
+        choices=VIT_POSITIONS,
+        default=list(VIT_POSITIONS),
+        metavar="POS",
+        help=f"position encodings (default: all of {', '.join(VIT_POSITIONS)})",
     )
     run = parser.add_argument_group("training")
     run.add_argument("--epochs", type=int, default=None, help="epochs (default 20, quick 3)")
-    run.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3, quick 1)")
+    run.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2, quick: 0)")
     run.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     run.add_argument(
         "--threads",
@@ -254,10 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    positions = tuple(p for p in args.positions.split(",") if p)
-    unknown = sorted(set(positions) - set(VIT_POSITIONS))
-    if unknown:
-        raise ValueError(f"unknown position encoding(s) {unknown}; choose from {VIT_POSITIONS}")
+    positions = tuple(dict.fromkeys(args.positions))
     if args.dataset == "digits":
         data, in_channels, size = load_digits(), 1, args.image_size or 16
     else:
@@ -266,11 +268,7 @@ def _run(args: argparse.Namespace) -> int:
             3,
             args.image_size or 32,
         )
-    test_sizes = (
-        tuple(int(s) for s in args.test_sizes.split(","))
-        if args.test_sizes
-        else (size, size * 3 // 2, size * 2)
-    )
+    test_sizes = tuple(args.test_sizes or (size, size * 3 // 2, size * 2))
     base = ViTConfig(
         image_size=size,
         patch_size=args.patch_size,
@@ -282,16 +280,16 @@ def _run(args: argparse.Namespace) -> int:
         pool=args.pool,
     )
     train = TrainSettings(epochs=args.epochs or (3 if args.quick else 20), lr=args.lr)
-    n_seeds = args.seeds or (1 if args.quick else 3)
+    seeds = tuple(args.seeds or ((0,) if args.quick else (0, 1, 2)))
     start = time.perf_counter()
     records = run_comparison(
-        data, base, train, positions=positions, seeds=tuple(range(n_seeds)), test_sizes=test_sizes
+        data, base, train, positions=positions, seeds=seeds, test_sizes=test_sizes
     )
     settings = {
         "dataset": data.name,
         "model": asdict(base),
         "train": asdict(train),
-        "seeds": n_seeds,
+        "seeds": list(seeds),
         "test_sizes": list(test_sizes),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"{torch.get_num_threads()} torch thread(s)",
