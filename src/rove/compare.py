@@ -229,7 +229,7 @@ def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) 
         if progress and not interactive():  # a log file gets a line per job instead of a bar
             print(f"compare: {i + 1}/{len(jobs)} {pos} seed {seed}", flush=True)
         runs.append(_run_one(cfg, pos, seed, progress))
-        results = {
+        results: dict[str, Any] = {
             "title": cfg.title,
             "config": dataclasses.asdict(cfg),
             "setup": _setup_line(cfg, runs),

@@ -34,6 +34,7 @@ import torch
 from rove.atomic import write_json_atomic
 from rove.eval.icl import ICL_TASKS, evaluate_icl
 from rove.eval.perplexity import perplexity_vs_length
+from rove.eval.protocol import LanguageModel
 from rove.eval.ruler import RULER_TASKS, evaluate_ruler
 from rove.eval.summary import eval_summary_lines
 from rove.lock import lock_folder
@@ -136,7 +137,7 @@ def _ruler_not_run(cfg: EvalConfig) -> dict[str, str]:
 
 
 def evaluate_model(
-    model: torch.nn.Module,
+    model: LanguageModel,
     tokenizer: Any,
     tokens: np.ndarray,
     cfg: EvalConfig,

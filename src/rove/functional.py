@@ -25,17 +25,18 @@ with a KV cache can store rotated keys *and rotated values* between them.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, Protocol, TypeGuard
 
 import torch
 import torch.nn.functional as F
 
 from rove.kernels import rotate
-from rove.rotary import Rotary, check_positions, table_dtype
+from rove.rotary import Convention, Rotary, check_positions, table_dtype
 
 __all__ = [
     "MODES",
     "Mode",
+    "RotarySpec",
     "attend",
     "attention",
     "document_mask",
@@ -52,9 +53,55 @@ MODES: tuple[str, ...] = ("nope", "rope", "rove")
 Tables = tuple[torch.Tensor, torch.Tensor]
 
 
-def check_mode(mode: str) -> None:
-    if mode not in MODES:
+class RotarySpec(Protocol):
+    """What attention reads of a rotary encoding: ``Rotary`` (1-D positions) and ``NDRotary``
+    (n-D positions) both provide it."""
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def rotary_dim(self) -> int: ...
+
+    @property
+    def convention(self) -> Convention: ...
+
+    @property
+    def temperature(self) -> str: ...
+
+    @property
+    def logit_scale(self) -> float: ...
+
+    @property
+    def dynamic(self) -> bool: ...
+
+    def dynamic_length(self, *positions: torch.Tensor) -> int | None: ...
+
+    def check_positions(
+        self,
+        positions: torch.Tensor,
+        length: int,
+        name: str = "positions",
+        batch: int | None = None,
+    ) -> None: ...
+
+    def tables(
+        self,
+        positions: torch.Tensor,
+        dtype: torch.dtype = torch.float32,
+        seq_len: int | None = None,
+    ) -> Tables: ...
+
+
+def _is_mode(mode: str) -> TypeGuard[Mode]:
+    return mode in MODES
+
+
+def check_mode(mode: str) -> Mode:
+    """``mode`` as a ``Mode``; a ValueError naming the choices if it is none."""
+    if not _is_mode(mode):
         raise ValueError(f"unknown position mode {mode!r}; choose one of {MODES}")
+    return mode
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
@@ -143,13 +190,13 @@ def document_mask(
 
 
 def _tables(
-    rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype, seq_len: int | None
+    rotary: RotarySpec, positions: torch.Tensor, dtype: torch.dtype, seq_len: int | None
 ) -> Tables:
     return rotary.tables(positions, table_dtype(dtype), seq_len=seq_len)
 
 
 def logit_temperature(
-    q: torch.Tensor, rotary: Rotary | None, mode: Mode
+    q: torch.Tensor, rotary: RotarySpec | None, mode: Mode
 ) -> tuple[torch.Tensor, float]:
     """The queries and softmax scale that apply the schedule's logit scale (YaRN temperature).
 
@@ -172,17 +219,19 @@ def rotate_inputs(
     v: torch.Tensor | None,
     *,
     mode: Mode,
-    rotary: Rotary,
+    rotary: RotarySpec | None,
     q_positions: torch.Tensor,
     k_positions: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Tables | None]:
     """Stage 1: rotate q and k (rope, rove) and v (rove); ``v=None`` means shared KV (v = k).
 
-    Returns ``(q, k, v, q_tables)``; ``q_tables`` (cos, sin at the query positions) is what
-    ``rotate_output`` needs under RoVE, else None.
+    ``rotary`` may be None in ``nope`` mode only. Returns ``(q, k, v, q_tables)``; ``q_tables``
+    (cos, sin at the query positions) is what ``rotate_output`` needs under RoVE, else None.
     """
     if mode == "nope":
         return q, k, k if v is None else v, None
+    if rotary is None:
+        raise ValueError(f"mode {mode!r} needs a rotary")
     seq_len = rotary.dynamic_length(q_positions, k_positions)  # None unless dynamic NTK
     q_tab = _tables(rotary, q_positions, q.dtype, seq_len)
     k_tab = q_tab if k_positions is q_positions else _tables(rotary, k_positions, k.dtype, seq_len)
@@ -227,10 +276,15 @@ def attend(
     )
 
 
-def rotate_output(out: torch.Tensor, q_tables: Tables | None, rotary: Rotary) -> torch.Tensor:
-    """Stage 3: RoVE's ``R_(-p_i)`` on the attention output ``(B, H, Tq, D)``; identity otherwise."""
+def rotate_output(
+    out: torch.Tensor, q_tables: Tables | None, rotary: RotarySpec | None
+) -> torch.Tensor:
+    """Stage 3: RoVE's ``R_(-p_i)`` on the attention output ``(B, H, Tq, D)``; identity otherwise
+    (``q_tables`` None, and then ``rotary`` may be None too)."""
     if q_tables is None:
         return out
+    if rotary is None:
+        raise ValueError("RoVE's output rotation needs the rotary of its input rotation")
     return rotate(out, *q_tables, convention=rotary.convention, inverse=True)
 
 
@@ -241,7 +295,7 @@ def attention(
     *,
     mode: Mode = "rove",
     causal: bool = True,
-    rotary: Rotary | None = None,
+    rotary: RotarySpec | None = None,
     q_positions: torch.Tensor | None = None,
     k_positions: torch.Tensor | None = None,
     doc_ids: torch.Tensor | None = None,

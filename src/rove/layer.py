@@ -7,11 +7,14 @@ fused with the transpose back), and attention itself is ``torch`` SDPA.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 
 from rove.functional import (
     Mode,
+    RotarySpec,
     attend,
     check_mode,
     document_mask,
@@ -45,7 +48,8 @@ class RoveAttention(nn.Module):
         head_dim: channels per head; default ``d_model // n_head``.
         mode: position mode.
         shared_kv: one projection serves as keys and values (K = V, DeepSeek-V4 style).
-        rotary: rotary spec (partial rotary, base, convention, scaling); default ``Rotary(head_dim)``.
+        rotary: rotary spec (partial rotary, base, convention, scaling); default ``Rotary(head_dim)``;
+            an ``NDRotary`` for n-D positions.
         causal: causal masking.
         bias: bias in the projections.
     """
@@ -59,7 +63,7 @@ class RoveAttention(nn.Module):
         head_dim: int | None = None,
         mode: Mode = "rove",
         shared_kv: bool = False,
-        rotary: Rotary | None = None,
+        rotary: RotarySpec | None = None,
         causal: bool = True,
         bias: bool = False,
     ) -> None:
@@ -85,7 +89,9 @@ class RoveAttention(nn.Module):
         self.qkv = nn.Linear(d_model, n_proj * head_dim, bias=bias)
         self.proj = nn.Linear(n_head * head_dim, d_model, bias=bias)
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+    def _apply(
+        self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+    ) -> RoveAttention:
         """``.to(device)`` & co. also copy the rotary frequencies to the weights' device, once."""
         super()._apply(fn, recurse)
         if isinstance(self.rotary, Rotary):  # (an NDRotary is a module: it moves by itself)
@@ -167,6 +173,7 @@ class RoveAttention(nn.Module):
             k, v = cache.update(layer_idx, k, v)
         out = attend(q, k, v, causal=self.causal, scale=scale, mask=mask)  # (B, Hq, T, D)
         if self.mode == "rove":
+            assert self.rotary is not None and tables is not None  # set in the rotary modes
             y = unrotate_output(out, *tables, convention=self.rotary.convention)
         else:
             y = out.transpose(1, 2).reshape(bsz, seq, self.n_head * self.head_dim)

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from typing import Protocol
 
 from rove.lock import FolderLockedError
 
@@ -25,7 +26,11 @@ __all__ = ["USER_ERRORS", "command", "interactive", "key_value"]
 # permissions), another process holding a folder, an optional extra that is not installed.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FolderLockedError, ImportError)
 
-Main = Callable[[list[str] | None], int]
+
+class Main(Protocol):
+    """A subcommand's entry point: arguments (``sys.argv[1:]`` when None) to exit status."""
+
+    def __call__(self, argv: list[str] | None = None) -> int: ...
 
 
 def interactive() -> bool:

@@ -53,9 +53,10 @@ def wavelengths(rotary: Rotary) -> torch.Tensor:
 
 
 def _require_rotary(attn: RoveAttention) -> Rotary:
-    if attn.rotary is None:
+    if not isinstance(attn.rotary, Rotary):
         raise ValueError(
-            f"this analysis needs a rotary layer (rope or rove), got mode {attn.mode!r}"
+            "this analysis needs a 1-D rotary layer (rope or rove), got mode "
+            f"{attn.mode!r} with {type(attn.rotary).__name__}"
         )
     return attn.rotary
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -24,7 +25,7 @@ from rove.functional import logit_temperature
 from rove.layer import RoveAttention
 from rove.model import GPT
 from rove.reference import mixer_matrix
-from rove.rotary import apply_rotary
+from rove.rotary import Rotary, apply_rotary
 
 __all__ = [
     "HeadWeights",
@@ -34,6 +35,7 @@ __all__ = [
     "head_weights",
     "kernel_bank",
     "kronecker_defect",
+    "layer_attention",
     "layer_mixer",
     "layer_output",
     "reconstruction_error",
@@ -77,6 +79,13 @@ def head_weights(attn: RoveAttention, head: int) -> HeadWeights:
     return HeadWeights(w_q, w_k, w_v, w_o, b_q, b_k, b_v)
 
 
+def layer_attention(model: GPT, layer: int) -> RoveAttention:
+    """``model.blocks[layer].attn`` (typed: to mypy an ``nn.ModuleList`` item is a bare ``Module``)."""
+    attn = model.blocks[layer].attn
+    assert isinstance(attn, RoveAttention)
+    return attn
+
+
 def capture_input(model: GPT, tokens: torch.Tensor, layer: int) -> torch.Tensor:
     """The input of ``blocks[layer].attn`` (after its LayerNorm) for ``tokens`` ``(T,)``: ``(T, C)``.
 
@@ -88,7 +97,7 @@ def capture_input(model: GPT, tokens: torch.Tensor, layer: int) -> torch.Tensor:
         raise ValueError(f"tokens must be one sequence (T,), got shape {tuple(tokens.shape)}")
     model64 = copy.deepcopy(model).double().eval()
     seen: list[torch.Tensor] = []
-    hook = model64.blocks[layer].attn.register_forward_pre_hook(
+    hook = layer_attention(model64, layer).register_forward_pre_hook(
         lambda _module, args: seen.append(args[0].detach())
     )
     try:
@@ -97,6 +106,13 @@ def capture_input(model: GPT, tokens: torch.Tensor, layer: int) -> torch.Tensor:
     finally:
         hook.remove()
     return seen[0][0].cpu()  # (T, C)
+
+
+def _rotary(attn: RoveAttention) -> Rotary | None:
+    """The layer's rotary encoding; a GPT layer's is a 1-D ``Rotary``, as ``mixer_matrix`` needs."""
+    if attn.rotary is not None and not isinstance(attn.rotary, Rotary):
+        raise ValueError(f"the mixer needs a 1-D Rotary, got {type(attn.rotary).__name__}")
+    return attn.rotary
 
 
 def _rotate(attn: RoveAttention, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -115,7 +131,7 @@ def attention_weights(
     for h in range(attn.n_head):
         w = head_weights(attn, h)
         q, k = x @ w.w_q.T, x @ w.w_k.T  # (T, D)
-        if w.b_q is not None:
+        if w.b_q is not None and w.b_k is not None:
             q, k = q + w.b_q, k + w.b_k
         if attn.mode != "nope":
             q, k = _rotate(attn, q, positions), _rotate(attn, k, positions)
@@ -145,7 +161,7 @@ def head_mixer(
         w.w_v[None, :, :c],
         w.w_o[None, :c],
         mode=attn.mode,
-        rotary=attn.rotary,
+        rotary=_rotary(attn),
         q_positions=positions,
         k_positions=positions,
     )
@@ -178,14 +194,20 @@ def layer_mixer(
     heads = [head_weights(attn, h) for h in range(attn.n_head)]
     w_v = torch.stack([w.w_v for w in heads])  # (H, D, C)
     w_o = torch.stack([w.w_o for w in heads])  # (H, C, D)
-    kwargs = dict(mode=attn.mode, rotary=attn.rotary, q_positions=positions, k_positions=positions)
-    mixer = mixer_matrix(weights, w_v, w_o, **kwargs)
+    mix = partial(
+        mixer_matrix,
+        mode=attn.mode,
+        rotary=_rotary(attn),
+        q_positions=positions,
+        k_positions=positions,
+    )
+    mixer = mix(weights, w_v, w_o)
     seq, width = weights.shape[-1], w_o.shape[1]
     const = torch.zeros(seq * width, dtype=torch.float64)
     if heads[0].b_v is not None:
         # the value bias is a one-channel input equal to 1 at every token
-        b_v = torch.stack([w.b_v for w in heads])[..., None]  # (H, D, 1)
-        const += mixer_matrix(weights, b_v, w_o, **kwargs) @ torch.ones(seq, dtype=torch.float64)
+        b_v = torch.stack([w.b_v for w in heads if w.b_v is not None])[..., None]  # (H, D, 1)
+        const += mix(weights, b_v, w_o) @ torch.ones(seq, dtype=torch.float64)
     if attn.proj.bias is not None:
         const += attn.proj.bias.detach().double().repeat(seq)
     return mixer, const

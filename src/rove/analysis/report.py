@@ -27,6 +27,7 @@ from rove.analysis.mixer import (
     head_mixer,
     kernel_bank,
     kronecker_defect,
+    layer_attention,
     reconstruction_error,
 )
 from rove.analysis.plots import (
@@ -112,6 +113,7 @@ def analyze(
     Returns:
         The path of ``report.md``.
     """
+    meta: dict  # the checkpoint's meta.json; empty for a model passed in
     if isinstance(source, GPT):
         model, meta, name = source.eval(), {}, "model passed in"
     else:
@@ -126,7 +128,7 @@ def analyze(
     ids = tokens if tokens is not None else _tokens(model, meta, text, seq_len, seed)
     ids = ids.reshape(-1).long()
     positions = torch.arange(ids.shape[0])
-    attn = model.blocks[layer].attn
+    attn = layer_attention(model, layer)
     x = capture_input(model, ids, layer)  # (T, C), float64
     weights = attention_weights(attn, x, positions)  # (H, T, T)
     channels = min(channels, cfg.n_embd)

@@ -50,7 +50,7 @@ import re
 import secrets
 import tempfile
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
@@ -253,7 +253,9 @@ def _process_context() -> mp.context.BaseContext:
     return mp.get_context("spawn")
 
 
-def _encoded_documents(docs: Iterator[str], tokenizer: str, workers: int) -> Iterator[np.ndarray]:
+def _encoded_documents(
+    docs: Iterator[str], tokenizer: str, workers: int
+) -> Generator[np.ndarray, None, None]:
     """Encoded documents in source order; chunks of CHUNK_DOCS are encoded ahead in parallel.
 
     At most ``2 * workers + 1`` chunks are in flight, so memory stays bounded on huge streams.

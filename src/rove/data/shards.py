@@ -27,7 +27,7 @@ HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPE = np.dtype("<u2")
 MAX_VOCAB = 2**16
 # shard version -> token dtype (1: llm.c's uint16; 2: uint32 for vocabularies above 65536)
-VERSION_DTYPES = {VERSION: TOKEN_DTYPE, 2: np.dtype("<u4")}
+VERSION_DTYPES: dict[int, np.dtype] = {VERSION: TOKEN_DTYPE, 2: np.dtype("<u4")}
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -319,13 +319,12 @@ def evaluate_core(
     for task in tqdm(specs, desc="core", disable=not progress):
         rows = load_task_data(bundle_dir, task)
         items = build_items(task, rows, seed)
-        subsampled = max_per_task is not None and max_per_task < len(items)
-        if subsampled:
+        if max_per_task is not None and max_per_task < len(items):
             keep = sorted(
                 random.Random(f"{seed}/{task.label}").sample(range(len(items)), max_per_task)
             )
             items = [items[i] for i in keep]
-        any_subsampled |= subsampled
+            any_subsampled = True
         correct = evaluate_items(model, tokenizer, items, batch_size=batch_size)
         acc = float(np.mean(correct))
         per_task[task.label] = {

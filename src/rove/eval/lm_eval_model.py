@@ -53,7 +53,7 @@ def _device(device: str | None) -> str:
 
 
 @register_model("rove")
-class RoveLM(LM):  # type: ignore[misc]
+class RoveLM(LM):
     """A rove model (from ``pretrained`` or given in memory) as an lm-eval ``LM``."""
 
     def __init__(
@@ -83,7 +83,7 @@ class RoveLM(LM):  # type: ignore[misc]
 
             model, meta = load_model(pretrained, device=_device(device))
             tokenizer = checkpoint_tokenizer(meta, f"checkpoint {pretrained}")
-            model = model.to(DTYPES[dtype])  # type: ignore[attr-defined]
+            model = model.to(DTYPES[dtype])
         elif tokenizer is None:
             raise ValueError("a model given in memory needs its tokenizer")
         assert model is not None and tokenizer is not None

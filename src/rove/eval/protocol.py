@@ -38,7 +38,10 @@ class ModelConfig(Protocol):
 class LanguageModel(Protocol):
     """A causal language model as seen by the evaluations."""
 
-    config: ModelConfig
+    @property
+    def config(self) -> ModelConfig:
+        """The model's configuration (read only: a model may narrow its type)."""
+        ...
 
     def __call__(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits ``(B, T, V)`` for token ids ``idx`` ``(B, T)``."""

@@ -17,7 +17,7 @@ def dig(run: dict, *keys: str) -> float | None:
         if not isinstance(node, dict) or key not in node:
             return None
         node = node[key]
-    return node if isinstance(node, (int, float)) else None  # type: ignore[return-value]
+    return node if isinstance(node, (int, float)) else None
 
 
 def ruler_cells(run: dict) -> dict[str, dict[str, dict]]:

@@ -37,7 +37,7 @@ import itertools
 import math
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -207,7 +207,7 @@ def _corpus_text(
 ) -> str:
     """``n`` corpus tokens with inserts after the sentence end nearest before each depth."""
     ids = hay.slice(start, n)
-    cuts = []
+    cuts: list[int] = []
     for d in depths:
         p = round(d * len(ids))
         for q in range(p, max(0, p - 64), -1):
@@ -466,7 +466,7 @@ def evaluate_ruler(
     haystack: Haystack,
     *,
     scaling: str | None = None,
-    qa_paths: dict[str, str | Path] | None = None,
+    qa_paths: Mapping[str, str | Path] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Gold-answer NLL and greedy substring accuracy per task and length.

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
@@ -233,9 +234,11 @@ def evaluate_items(
             mc_pairs.extend(pair(c, k) for c, k in item.options)
         else:
             lm_pairs.append(pair(item.context, item.continuation))
-    kw = {"batch_size": batch_size, "max_len": max_len, "progress": progress}
-    mc_scores = iter(score_continuations(model, mc_pairs, **kw))
-    lm_scores = iter(score_continuations(model, lm_pairs, greedy=True, **kw))
+    score = partial(
+        score_continuations, model, batch_size=batch_size, max_len=max_len, progress=progress
+    )
+    mc_scores = iter(score(mc_pairs))
+    lm_scores = iter(score(lm_pairs, greedy=True))
     correct = []
     for item in items:
         if isinstance(item, ChoiceItem):

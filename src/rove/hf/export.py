@@ -85,7 +85,7 @@ def _gpt2(model: GPT, max_positions: int) -> Any:
     sd: dict[str, torch.Tensor] = {"transformer.wte.weight": model.wte.weight}
     wpe = hf.transformer.wpe.weight
     sd["transformer.wpe.weight"] = model.wpe.weight if model.wpe is not None else wpe * 0
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(model.iter_blocks()):
         p = f"transformer.h.{i}."
         q, k, v = _full_heads(cfg, block.attn.qkv.weight)
         qb, kb, vb = _full_heads(cfg, _bias(block.attn.qkv, block.attn.qkv.weight.shape[0]))
@@ -154,7 +154,7 @@ def _neox(model: GPT) -> Any:
         )
     )
     sd: dict[str, torch.Tensor] = {"gpt_neox.embed_in.weight": model.wte.weight}
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(model.iter_blocks()):
         p = f"gpt_neox.layers.{i}."
         width = block.attn.qkv.weight.shape[0]
         for suffix, tensor in (
@@ -165,13 +165,14 @@ def _neox(model: GPT) -> Any:
             # NeoX lays heads out as (H, [q | k | v], D)
             fused = torch.stack((q[:, perm], k[:, perm], v), dim=1)  # (H, 3, D, *rest)
             sd[p + "attention.query_key_value." + suffix] = fused.flatten(0, 2)
-        for hf_name, mod in (
-            ("attention.dense", block.attn.proj),
-            ("mlp.dense_h_to_4h", block.mlp.c_fc),
-            ("mlp.dense_4h_to_h", block.mlp.c_proj),
-            ("input_layernorm", block.ln_1),
-            ("post_attention_layernorm", block.ln_2),
-        ):
+        modules: dict[str, torch.nn.Linear | torch.nn.LayerNorm] = {
+            "attention.dense": block.attn.proj,
+            "mlp.dense_h_to_4h": block.mlp.c_fc,
+            "mlp.dense_4h_to_h": block.mlp.c_proj,
+            "input_layernorm": block.ln_1,
+            "post_attention_layernorm": block.ln_2,
+        }
+        for hf_name, mod in modules.items():
             sd[p + hf_name + ".weight"] = mod.weight
             sd[p + hf_name + ".bias"] = _bias(mod, mod.weight.shape[0])
     sd["gpt_neox.final_layer_norm.weight"] = model.ln_f.weight

@@ -71,7 +71,7 @@ class RoveGPTConfig(PretrainedConfig):
         self.pos, self.shared_kv, self.rotary_dim = pos, shared_kv, rotary_dim
         self.rope_base, self.rope_convention = rope_base, rope_convention
         self.mlp_ratio, self.bias, self.use_cache = mlp_ratio, bias, use_cache
-        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)  # type: ignore[call-arg, arg-type]  # HF types its own fields only, yet takes any
 
 
 def _rotate(
@@ -175,7 +175,7 @@ class RoveGPTForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: RoveGPTConfig) -> None:
         super().__init__(config)
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wte: nn.Module = nn.Embedding(config.vocab_size, config.n_embd)
         learned = config.pos == "learned"
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if learned else None
         self.blocks = nn.ModuleList(_Block(config, i) for i in range(config.n_layer))
@@ -212,7 +212,7 @@ class RoveGPTForCausalLM(PreTrainedModel, GenerationMixin):
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
+        position_ids: torch.Tensor | None = None,
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -255,6 +255,5 @@ class RoveGPTForCausalLM(PreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
             )
-        return CausalLMOutputWithPast(
-            loss=loss, logits=logits, **{_CACHE_FIELD: cache if use_cache else None}
-        )
+        cache_field = {_CACHE_FIELD: cache if use_cache else None}
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **cache_field)  # type: ignore[arg-type]  # a field named per version

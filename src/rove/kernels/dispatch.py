@@ -130,18 +130,21 @@ def split_rotate_qkv(
     """
     _check_floating("qkv", qkv)
     cos, sin = check_tables(cos, sin, qkv.shape[0], qkv.shape[-2])
-    kwargs = dict(
+    split = split_rotate_qkv_torch
+    if _use_triton(qkv) and not (cos.requires_grad or sin.requires_grad):
+        from rove.kernels.triton_rotary import split_rotate_qkv_triton
+
+        split = split_rotate_qkv_triton
+    return split(
+        qkv,
+        cos,
+        sin,
         n_head=n_head,
         n_kv_head=n_kv_head,
         rotate_v=rotate_v,
         shared_kv=shared_kv,
         convention=convention,
     )
-    if _use_triton(qkv) and not (cos.requires_grad or sin.requires_grad):
-        from rove.kernels.triton_rotary import split_rotate_qkv_triton
-
-        return split_rotate_qkv_triton(qkv, cos, sin, **kwargs)
-    return split_rotate_qkv_torch(qkv, cos, sin, **kwargs)
 
 
 def unrotate_output(

@@ -49,7 +49,15 @@ def _pairs(x: torch.Tensor, half: int, convention: Convention) -> tuple[torch.Te
     return x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
 
 
-def _rotate_planes(out, x, cos, sin, half, convention, sign) -> None:  # type: ignore[no-untyped-def]
+def _rotate_planes(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    half: int,
+    convention: Convention,
+    sign: int,
+) -> None:
     """``out`` planes = R(sign * theta) ``x`` planes, written in place (``out`` must not alias x)."""
     a, b = _pairs(x, half, convention)
     out_a, out_b = _pairs(out, half, convention)
@@ -131,13 +139,13 @@ class _Rotate(torch.autograd.Function):
         return rotate_into(out, x, cos, sin, convention=convention, inverse=inverse)
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+    def setup_context(ctx, inputs, output) -> None:
         _, cos, sin, convention, inverse, _ = inputs
         ctx.save_for_backward(cos, sin)
         ctx.convention, ctx.inverse = convention, inverse
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         cos, sin = ctx.saved_tensors
         dx = _Rotate.apply(grad, cos, sin, ctx.convention, not ctx.inverse, False)
         return dx, None, None, None, None, None
@@ -185,7 +193,7 @@ class _Split(torch.autograd.Function):
     only q, k (v is k). Backward: ``_Merge``, its adjoint."""
 
     @staticmethod
-    def forward(ctx, qkv, cos, sin, *flags):  # type: ignore[no-untyped-def,override]
+    def forward(ctx, qkv, cos, sin, *flags):
         n_head, n_kv_head, rotate_v, shared_kv, convention = flags
         ctx.flags = flags
         ctx.save_for_backward(cos, sin)
@@ -204,7 +212,7 @@ class _Split(torch.autograd.Function):
         return q, k, v
 
     @staticmethod
-    def backward(ctx, dq, dk, dv=None):  # type: ignore[no-untyped-def,override]
+    def backward(ctx, dq, dk, dv=None):
         cos, sin = ctx.saved_tensors
         return (
             _Merge.apply(dq, dk, dv, cos, sin, *ctx.flags),
@@ -224,7 +232,7 @@ class _Merge(torch.autograd.Function):
     into it. Backward: ``_Split``."""
 
     @staticmethod
-    def forward(ctx, dq, dk, dv, cos, sin, *flags):  # type: ignore[no-untyped-def,override]
+    def forward(ctx, dq, dk, dv, cos, sin, *flags):
         n_head, n_kv_head, rotate_v, shared_kv, convention = flags
         ctx.flags = flags
         ctx.save_for_backward(cos, sin)
@@ -244,7 +252,7 @@ class _Merge(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+    def backward(ctx, grad):
         cos, sin = ctx.saved_tensors
         outs = _Split.apply(grad, cos, sin, *ctx.flags)
         dv = outs[2] if len(outs) == 3 else None

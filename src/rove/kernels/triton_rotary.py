@@ -84,13 +84,12 @@ def _split_rotate_qkv(
         raise ValueError(f"qkv must have shape (B, T, width), got {tuple(qkv.shape)}")
     bsz, seq, width = qkv.shape
     head_dim = qkv_head_dim(width, n_head, n_kv_head, shared_kv)
-    kw = dict(dtype=qkv.dtype, device=qkv.device)
     # (B, T, H, D) storage, (B, H, T, D) views: FlashAttention's native layout
-    q = torch.empty((bsz, seq, n_head, head_dim), **kw).transpose(1, 2)
-    k = torch.empty((bsz, seq, n_kv_head, head_dim), **kw).transpose(1, 2)
+    q = qkv.new_empty((bsz, seq, n_head, head_dim)).transpose(1, 2)
+    k = qkv.new_empty((bsz, seq, n_kv_head, head_dim)).transpose(1, 2)
     v = None
     if rotate_v and not shared_kv:
-        v = torch.empty((bsz, seq, n_kv_head, head_dim), **kw).transpose(1, 2)
+        v = qkv.new_empty((bsz, seq, n_kv_head, head_dim)).transpose(1, 2)
     launch_split_qkv(
         qkv, q, k, v, cos, sin, rotate_v=rotate_v, shared_kv=shared_kv, interleaved=interleaved
     )
@@ -127,34 +126,34 @@ def _merge_rotate_qkv(
 # Autograd: save the tables and the flags, never an activation (the backward needs neither x nor o).
 
 
-def _setup_rotate(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _setup_rotate(ctx, inputs, output) -> None:
     _, cos, sin, ctx.interleaved, ctx.conjugate = inputs
     ctx.save_for_backward(cos, sin)
 
 
-def _rotate_backward(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
+def _rotate_backward(ctx, grad: torch.Tensor):
     cos, sin = ctx.saved_tensors
     return _rotate(grad, cos, sin, ctx.interleaved, not ctx.conjugate), None, None, None, None
 
 
-def _setup_unrotate_output(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _setup_unrotate_output(ctx, inputs, output) -> None:
     o, cos, sin, ctx.interleaved = inputs
     ctx.heads = o.shape[1], o.shape[3]  # (H, D)
     ctx.save_for_backward(cos, sin)
 
 
-def _unrotate_output_backward(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
+def _unrotate_output_backward(ctx, grad: torch.Tensor):
     cos, sin = ctx.saved_tensors
     grad_heads = grad.unflatten(2, ctx.heads).transpose(1, 2)  # (B, T, H * D) -> (B, H, T, D) view
     return _rotate(grad_heads, cos, sin, ctx.interleaved, False), None, None, None
 
 
-def _setup_split(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _setup_split(ctx, inputs, output) -> None:
     _, cos, sin, _, _, *ctx.flags = inputs  # flags: rotate_v, shared_kv, interleaved
     ctx.save_for_backward(cos, sin)
 
 
-def _split_backward(ctx, grads: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+def _split_backward(ctx, grads: list[torch.Tensor]):
     cos, sin = ctx.saved_tensors
     rotate_v, shared_kv, _ = ctx.flags
     dv = grads[2] if len(grads) == 3 else None
@@ -164,13 +163,13 @@ def _split_backward(ctx, grads: list[torch.Tensor]):  # type: ignore[no-untyped-
     return dqkv, None, None, None, None, None, None, None
 
 
-def _setup_merge(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _setup_merge(ctx, inputs, output) -> None:
     dq, dk, _, cos, sin, *ctx.flags = inputs  # flags: rotate_v, shared_kv, interleaved
     ctx.heads = dq.shape[1], dk.shape[1]  # (Hq, Hkv)
     ctx.save_for_backward(cos, sin)
 
 
-def _merge_backward(ctx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
+def _merge_backward(ctx, grad: torch.Tensor):
     cos, sin = ctx.saved_tensors
     rotate_v, shared_kv, _ = ctx.flags
     outs = _split_rotate_qkv(grad, cos, sin, *ctx.heads, *ctx.flags)
@@ -189,14 +188,14 @@ class _SplitValueView(torch.autograd.Function):
     ``qkv``-sized gradient and a sum)."""
 
     @staticmethod
-    def forward(ctx, qkv, cos, sin, n_head, n_kv_head, shared_kv, interleaved):  # type: ignore[no-untyped-def,override]
+    def forward(ctx, qkv, cos, sin, n_head, n_kv_head, shared_kv, interleaved):
         ctx.flags = False, shared_kv, interleaved
         ctx.save_for_backward(cos, sin)
         q, k = _split_rotate_qkv(qkv, cos, sin, n_head, n_kv_head, *ctx.flags)
         return q, k, value_heads(qkv, n_head, n_kv_head, shared_kv)
 
     @staticmethod
-    def backward(ctx, dq, dk, dv):  # type: ignore[no-untyped-def,override]
+    def backward(ctx, dq, dk, dv):
         cos, sin = ctx.saved_tensors
         dqkv = _merge_rotate_qkv(dq, dk, dv, cos, sin, *ctx.flags)
         return dqkv, None, None, None, None, None, None
@@ -247,13 +246,21 @@ def split_rotate_qkv_triton(
     ``shared_kv and rotate_v`` v is k (the same tensor); unrotated values are views of ``qkv``.
     """
     check_convention(convention)
-    flags = dict(n_head=n_head, n_kv_head=n_kv_head, rotate_v=rotate_v, shared_kv=shared_kv)
     if qkv.dtype == torch.float64:
-        return split_rotate_qkv_torch(qkv, cos, sin, convention=convention, **flags)
+        return split_rotate_qkv_torch(
+            qkv,
+            cos,
+            sin,
+            n_head=n_head,
+            n_kv_head=n_kv_head,
+            rotate_v=rotate_v,
+            shared_kv=shared_kv,
+            convention=convention,
+        )
     cos, sin, interleaved = cos.detach(), sin.detach(), convention == "interleaved"
     if not rotate_v:
         return _SplitValueView.apply(qkv, cos, sin, n_head, n_kv_head, shared_kv, interleaved)
-    outs = _split_rotate_qkv(qkv, cos, sin, *flags.values(), interleaved)
+    outs = _split_rotate_qkv(qkv, cos, sin, n_head, n_kv_head, rotate_v, shared_kv, interleaved)
     q, k = outs[0], outs[1]
     return q, k, outs[2] if len(outs) == 3 else k
 

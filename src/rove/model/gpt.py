@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from rove.functional import check_mode
 from rove.kv_cache import KVCache
 from rove.layer import RoveAttention
 from rove.model.config import GPTConfig
@@ -55,7 +56,7 @@ class Block(nn.Module):
             cfg.n_embd,
             cfg.n_head,
             cfg.n_kv_head,
-            mode="nope" if cfg.pos == "learned" else cfg.pos,
+            mode="nope" if cfg.pos == "learned" else check_mode(cfg.pos),
             shared_kv=cfg.shared_kv,
             rotary=rotary,
             bias=cfg.bias,
@@ -101,6 +102,12 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith(("attn.proj.weight", "mlp.c_proj.weight")):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def iter_blocks(self) -> Iterator[Block]:
+        """The blocks, typed as such (iterating the ``nn.ModuleList`` gives plain ``nn.Module``s)."""
+        for block in self.blocks:
+            assert isinstance(block, Block)
+            yield block
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -244,7 +251,7 @@ class GPT(nn.Module):
 
     def _set_rotary(self, rotary: Rotary | None) -> None:
         self.rotary = rotary
-        for block in self.blocks:
+        for block in self.iter_blocks():
             block.attn.rotary = rotary
 
     @torch.inference_mode()

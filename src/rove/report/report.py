@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from rove.atomic import write_text_atomic
@@ -52,35 +53,34 @@ def metrics_of(runs: list[dict]) -> list[Metric]:
     """Every metric present in the runs, in report order."""
     out: list[Metric] = []
     if any("icl" in r for r in runs):
-        out.append(Metric("ICL centered acc", lambda r: dig(r, "icl", "mean_centered"), False))
+        out.append(Metric("ICL centered acc", _value_at("icl", "mean_centered"), False))
     if any("core" in r for r in runs):
-        out.append(Metric("CORE", lambda r: dig(r, "core", "core"), False))
+        out.append(Metric("CORE", _value_at("core", "core"), False))
     for n in _lengths(runs, "ppl"):
-        out.append(Metric(f"PPL@{n}", lambda r, n=n: dig(r, "ppl", str(n)), True))
+        out.append(Metric(f"PPL@{n}", _value_at("ppl", str(n)), True))
     kinds = sorted({k for r in runs for k in r.get("ppl_scaled", {})})
     for kind in kinds:
         for n in _lengths(runs, "ppl_scaled", kind):
-            out.append(
-                Metric(
-                    f"PPL@{n} +{kind}",
-                    lambda r, n=n, k=kind: dig(r, "ppl_scaled", k, str(n)),
-                    True,
-                )
-            )
+            out.append(Metric(f"PPL@{n} +{kind}", _value_at("ppl_scaled", kind, str(n)), True))
     for kind, n, group in _ruler_columns(runs):
         suffix = "" if kind == "none" else f" +{kind}"
         out.append(
             Metric(
                 f"RULER {group}{suffix}@{n} NLL",
-                lambda r, k=kind, n=n, g=group: _group_value(r, k, n, g),
+                partial(_group_value, kind=kind, length=n, group=group),
                 True,
             )
         )
     return out
 
 
-def _group_value(run: dict, kind: str, length: int, group: str) -> float | None:
-    return ruler_groups(run).get(kind, {}).get(length, {}).get(group)
+def _value_at(*keys: str) -> Callable[[dict], float | None]:
+    """A metric getter: the number at ``run[k1][k2]...`` of a run record (see ``dig``)."""
+    return lambda r: dig(r, *keys)
+
+
+def _group_value(run: dict, kind: str, length: int, group: str, field: str = "nll") -> float | None:
+    return ruler_groups(run, field).get(kind, {}).get(length, {}).get(group)
 
 
 def _ruler_columns(runs: list[dict]) -> list[tuple[str, int, str]]:
@@ -134,10 +134,9 @@ def _main_table(runs: list[dict]) -> list[str]:
     header = ["method", "ICL (centered)"] + [f"PPL@{n}" for n in in_dist]
     rows = []
     for label in _labels(runs):
-        row = [label, _cell(runs, label, lambda r: dig(r, "icl", "mean_centered"), 4)]
+        row = [label, _cell(runs, label, _value_at("icl", "mean_centered"), 4)]
         row += [
-            _cell(runs, label, lambda r, n=n: dig(r, "ppl", str(n)), ci=_ppl_ci("none", n))
-            for n in in_dist
+            _cell(runs, label, _value_at("ppl", str(n)), ci=_ppl_ci("none", n)) for n in in_dist
         ]
         rows.append(row)
     return _table(header, rows)
@@ -153,17 +152,12 @@ def _ood_table(runs: list[dict]) -> list[str]:
         for label in _labels(runs):
             if key is None:
                 cells = [
-                    _cell(runs, label, lambda r, n=n: dig(r, "ppl", str(n)), ci=_ppl_ci("none", n))
+                    _cell(runs, label, _value_at("ppl", str(n)), ci=_ppl_ci("none", n))
                     for n in longer
                 ]
             else:
                 cells = [
-                    _cell(
-                        runs,
-                        label,
-                        lambda r, n=n, k=key: dig(r, "ppl_scaled", k, str(n)),
-                        ci=_ppl_ci(key, n),
-                    )
+                    _cell(runs, label, _value_at("ppl_scaled", key, str(n)), ci=_ppl_ci(key, n))
                     for n in longer
                 ]
             rows.append([label + suffix, *cells])
@@ -258,9 +252,7 @@ def _ruler_section(runs: list[dict]) -> list[str]:
                     _cell(
                         runs,
                         label,
-                        lambda r, k=kind, g=g, f=field, n=n: (
-                            ruler_groups(r, f).get(k, {}).get(n, {}).get(g)
-                        ),
+                        partial(_group_value, kind=kind, length=n, group=g, field=field),
                     )
                     for g in cols
                 ]
@@ -278,9 +270,7 @@ def _ruler_section(runs: list[dict]) -> list[str]:
         rows = [
             [task]
             + [
-                _cell(
-                    runs, label, lambda r, t=task, k=kind, n=n: dig(r, "ruler", k, t, str(n), "nll")
-                )
+                _cell(runs, label, _value_at("ruler", kind, task, str(n), "nll"))
                 for label, kind in heads
             ]
             for task in ran
@@ -355,10 +345,7 @@ def _icl_section(runs: list[dict], labels: list[str]) -> list[str]:
     if tasks:
         rows = [
             [label]
-            + [
-                _cell(runs, label, lambda r, t=t: dig(r, "icl", "tasks", t, "centered"), 3)
-                for t in tasks
-            ]
+            + [_cell(runs, label, _value_at("icl", "tasks", t, "centered"), 3) for t in tasks]
             for label in labels
         ]
         lines += _table(["method", *tasks], rows)
@@ -458,9 +445,7 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
     if any(r.get("icl") for r in runs):
         lines += _icl_section(runs, labels)
     if any(isinstance(r.get("core"), dict) and "core" in r["core"] for r in runs):
-        rows = [
-            [label, _cell(runs, label, lambda r: dig(r, "core", "core"), 4)] for label in labels
-        ]
+        rows = [[label, _cell(runs, label, _value_at("core", "core"), 4)] for label in labels]
         lines += ["", "## CORE (DCLM, centered accuracy)", "", *_table(["method", "CORE"], rows)]
     if not_run := _not_run(runs):
         lines += ["", "## Not run", "", *not_run]
@@ -470,10 +455,10 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         [
             [
                 label,
-                _cell(runs, label, lambda r: dig(r, "train", "final_train_loss"), 4),
-                _cell(runs, label, lambda r: dig(r, "train", "final_val_loss"), 4),
-                _cell(runs, label, lambda r: dig(r, "train", "tokens"), 0),
-                _cell(runs, label, lambda r: dig(r, "train", "tokens_per_s"), 0),
+                _cell(runs, label, _value_at("train", "final_train_loss"), 4),
+                _cell(runs, label, _value_at("train", "final_val_loss"), 4),
+                _cell(runs, label, _value_at("train", "tokens"), 0),
+                _cell(runs, label, _value_at("train", "tokens_per_s"), 0),
             ]
             for label in labels
         ],

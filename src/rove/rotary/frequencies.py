@@ -169,27 +169,32 @@ def _validate(kind: str, params: dict[str, object]) -> None:
     missing = [n for n, p in accepted.items() if p.default is p.empty and n not in params]
     if missing:
         raise ValueError(f"rotary scaling {kind!r} needs parameter(s) {missing}")
+    numbers: dict[str, float] = {}  # the numeric parameters given (not None)
     for name, value in params.items():
         if name == "truncate":
             if not isinstance(value, bool):
                 raise TypeError(
                     f"rotary scaling {kind!r}: 'truncate' must be a bool, got {value!r}"
                 )
-        elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise TypeError(f"rotary scaling {kind!r}: {name!r} must be a number, got {value!r}")
-    for name, value in params.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"rotary scaling {kind!r}: {name!r} must be finite, got {value}")
-    factor = params.get("factor")
+        elif value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(
+                    f"rotary scaling {kind!r}: {name!r} must be a number, got {value!r}"
+                )
+            numbers[name] = value
+    for name, number in numbers.items():
+        if isinstance(number, float) and not math.isfinite(number):
+            raise ValueError(f"rotary scaling {kind!r}: {name!r} must be finite, got {number}")
+    factor = numbers.get("factor")
     if factor is not None and factor < 1:
         raise ValueError(f"rotary scaling {kind!r}: factor must be >= 1, got {factor}")
     for name in ("original_max_position", "beta_fast", "beta_slow", "attention_factor"):
-        value = params.get(name)
-        if value is not None and value <= 0:  # type: ignore[operator]
+        value = numbers.get(name)
+        if value is not None and value <= 0:
             raise ValueError(f"rotary scaling {kind!r}: {name!r} must be > 0, got {value}")
     for name in ("mscale", "mscale_all_dim"):
-        value = params.get(name)
-        if value is not None and value <= 0:  # type: ignore[operator]
+        value = numbers.get(name)
+        if value is not None and value <= 0:
             # HF reads 0 as "absent" (a falsy check); the formula would read it as a value.
             # Neither reading is safe to guess, so only positive values or None are accepted.
             raise ValueError(

@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -283,7 +284,7 @@ class TrainConfig:
                 )
 
     # ------------------------------------------------------------------ resolution
-    def resolve(self) -> TrainConfig:
+    def resolve(self) -> ResolvedTrainConfig:
         """A copy with every recipe sentinel filled in; idempotent.
 
         ``seq_len`` defaults to the preset's block size; ``compile`` to
@@ -319,11 +320,11 @@ class TrainConfig:
                 f"{budget // per_step} steps of {per_step} tokens; set only one"
             )
         values["max_steps"], values["token_budget"] = steps, budget
-        return TrainConfig(**values)
+        return cast("ResolvedTrainConfig", TrainConfig(**values))
 
     def grad_accum_steps(self, world_size: int = 1) -> int:
         """Micro-steps per optimizer step: ``tokens_per_step / (micro_batch * seq_len * world)``."""
-        cfg = self if self.is_resolved() else self.resolve()
+        cfg = cast("ResolvedTrainConfig", self) if self.is_resolved() else self.resolve()
         per_micro = cfg.micro_batch * cfg.seq_len * world_size
         if cfg.tokens_per_step % per_micro:
             raise ValueError(
@@ -353,6 +354,28 @@ class TrainConfig:
                 f"unknown TrainConfig field(s) {unknown}; known fields: {sorted(known)}"
             )
         return cls(**data)
+
+
+if TYPE_CHECKING:
+
+    class ResolvedTrainConfig(TrainConfig):
+        """What :meth:`TrainConfig.resolve` returns, to the type checker: the recipe sentinels
+        (the fields :meth:`~TrainConfig.is_resolved` checks) are never ``None``. It exists only
+        for type checking: at run time a resolved config is a plain ``TrainConfig``."""
+
+        data: str
+        tokenizer: str
+        lr: float
+        warmup_steps: int
+        tokens_per_step: int
+        micro_batch: int
+        eval_interval: int
+        eval_tokens: int
+        checkpoint_interval: int
+        seq_len: int
+        max_steps: int
+        run_name: str
+        compile: bool
 
 
 def build_model_config(cfg: TrainConfig, vocab_size: int) -> GPTConfig:

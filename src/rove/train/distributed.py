@@ -20,10 +20,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+from rove.model import GPT
 
 PARALLEL = ("ddp", "fsdp")
 
@@ -122,7 +125,7 @@ def wrap_ddp(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
-def shard_fsdp(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
+def shard_fsdp(model: GPT, info: DistInfo) -> GPT:
     """Shard ``model`` in place with FSDP2 over all ranks (no-op for one process).
 
     Each transformer block is its own unit (its weights are gathered just before it runs and
@@ -148,12 +151,13 @@ def _is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-Twin = Callable[[], tuple[torch.nn.Module, torch.optim.Optimizer]]
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
+Twin = Callable[[], tuple[ModelT, torch.optim.Optimizer]]  # a fresh model and its optimizer
 
 
 def unsharded_copy(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, make_twin: Twin, info: DistInfo
-) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model: ModelT, optimizer: torch.optim.Optimizer, make_twin: Twin[ModelT], info: DistInfo
+) -> tuple[ModelT, torch.optim.Optimizer]:
     """A plain copy of a sharded ``model`` and ``optimizer`` holding their full states, for
     writing a checkpoint; ``(model, optimizer)`` themselves when not sharded.
 
@@ -187,7 +191,7 @@ def load_optimizer_state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     state: dict,
-    make_twin: Twin,
+    make_twin: Twin[torch.nn.Module],
 ) -> None:
     """Load a checkpoint's (full, index-keyed) optimizer ``state`` into ``optimizer``.
 

@@ -40,6 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -100,6 +101,9 @@ from rove.train.metrics import (
     write_summary,
 )
 from rove.train.schedule import lr_multiplier
+
+if TYPE_CHECKING:
+    from rove.train.config import ResolvedTrainConfig
 
 __all__ = [
     "NonFiniteLossError",
@@ -169,7 +173,9 @@ class _StopOnSignal:
         return (self.signum or signal.SIGTERM) if all_reduce_mean(flagged, info).item() else 0
 
 
-def configure_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def configure_optimizer(
+    model: GPT, cfg: ResolvedTrainConfig, device: torch.device
+) -> torch.optim.AdamW:
     """AdamW with weight decay on tensors of >= 2 dims (matrices and the tied embedding), none
     on norms and biases; fused on CUDA. The LR is set per step by the loop."""
     params = list(model.named_parameters())  # tied weights appear once
@@ -252,7 +258,7 @@ def train_step(
 def evaluate(
     model: torch.nn.Module,
     data_dir: Path,
-    cfg: TrainConfig,
+    cfg: ResolvedTrainConfig,
     info: DistInfo,
     amp: torch.dtype | None,
 ) -> float:
@@ -282,7 +288,7 @@ def evaluate(
 
 
 # ---------------------------------------------------------------------------- set-up helpers
-def _prepare_data(cfg: TrainConfig, info: DistInfo, progress: bool) -> tuple[Path, dict]:
+def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> tuple[Path, dict]:
     """(data folder, tokenizer identity); the data is prepared if it is not there yet.
 
     A given ``data_dir`` with a manifest is used as is. Under torchrun the data must exist
@@ -292,7 +298,7 @@ def _prepare_data(cfg: TrainConfig, info: DistInfo, progress: bool) -> tuple[Pat
     explicit = cfg.data_dir is not None
     data_dir = (
         Path(cfg.data_dir)
-        if explicit
+        if cfg.data_dir is not None
         else default_data_dir(cfg.data, cfg.tokenizer, max_tokens=cfg.data_max_tokens)
     )
     prepared = (data_dir / "manifest.json").is_file()
@@ -395,7 +401,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
         shutdown_distributed(info)
 
 
-def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) -> Path:
+def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: bool) -> Path:
     started = time.perf_counter()
     # a bar only on a terminal (in a file it is \r noise); otherwise one log line per validation
     show_bar = progress and info.is_main and interactive()
@@ -448,6 +454,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
 
     optimizer = configure_optimizer(raw, cfg, info.device)
     if ckpt is not None:
+        assert ckpt.optimizer_state is not None  # resume_checkpoint loads it
         load_optimizer_state(raw, optimizer, ckpt.optimizer_state, cpu_twin)
         loader.load_state_dict(ckpt.meta["loader"])
         rng = ckpt.meta["rng"]
@@ -457,7 +464,8 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         del ckpt
     if step >= cfg.max_steps and (run_dir / SUMMARY_FILE).is_file():
         return run_dir  # resuming a finished run: nothing to do
-    compiled = torch.compile(raw) if cfg.compile else raw
+    # torch.compile of a module returns an OptimizedModule; its stubs say only Callable
+    compiled: torch.nn.Module = torch.compile(raw) if cfg.compile else raw  # type: ignore[assignment]
     model = wrap_ddp(compiled, info) if cfg.parallel == "ddp" else compiled
     model.train()
 
@@ -623,7 +631,7 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
         metrics.close()
     wall = elapsed_before + time.perf_counter() - started
     if info.is_main:
-        tok_s = timed_tokens / train_time if train_time > 0 else None
+        speed = timed_tokens / train_time if train_time > 0 else None
         write_summary(
             run_dir,
             {
@@ -631,8 +639,8 @@ def _train(cfg: TrainConfig, info: DistInfo, *, progress: bool, resume: bool) ->
                 "steps": cfg.max_steps,
                 "tokens": cfg.max_steps * cfg.tokens_per_step,
                 "wall_time_s": wall,
-                "tokens_per_s": tok_s,  # this session's training steps, its first one excluded
-                "mfu": mfu(flops_per_token, tok_s / info.world_size, peak) if tok_s else None,
+                "tokens_per_s": speed,  # this session's training steps, its first one excluded
+                "mfu": mfu(flops_per_token, speed / info.world_size, peak) if speed else None,
                 "params": raw.num_params(non_embedding=False),
                 "params_non_embedding": raw.num_params(),
                 "flops_per_token": flops_per_token,

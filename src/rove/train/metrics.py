@@ -183,6 +183,7 @@ class MetricsLogger:
         """Write one record (must contain "step"); non-finite floats are stored as null."""
         if not self.enabled:
             return
+        assert self._file is not None, "MetricsLogger.log() after close()"
         record = _finite_or_none(record)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()

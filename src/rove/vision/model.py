@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from rove.functional import Mode, check_mode
 from rove.layer import RoveAttention
 from rove.rotary.nd import NDRotary, grid_positions
 
@@ -76,7 +77,7 @@ class ViTConfig:
 
 
 class _Block(nn.Module):
-    def __init__(self, cfg: ViTConfig, mode: str, rotary: NDRotary | None) -> None:
+    def __init__(self, cfg: ViTConfig, mode: Mode, rotary: NDRotary | None) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd)
         self.attn = RoveAttention(
@@ -112,7 +113,7 @@ class ViT(nn.Module):
             if layout
             else None
         )
-        attn_mode = mode if layout else "nope"
+        attn_mode = check_mode(mode) if layout else "nope"
         self.patch = nn.Conv2d(cfg.in_channels, cfg.n_embd, cfg.patch_size, cfg.patch_size)
         self.pos_table = (
             nn.Parameter(torch.randn(1, cfg.n_embd, cfg.grid, cfg.grid) * 0.02)
@@ -155,7 +156,7 @@ class ViT(nn.Module):
         x = self.patch(images)  # (B, C, rows, cols)
         rows, cols = x.shape[-2:]
         if self.pos_table is not None:
-            table = self.pos_table
+            table: torch.Tensor = self.pos_table
             if table.shape[-2:] != (rows, cols):
                 table = F.interpolate(table, (rows, cols), mode="bilinear", align_corners=False)
             x = x + table
