@@ -63,6 +63,16 @@ def test_explicit_choices_are_honoured(cpu):
         resolve_dtype("fp16", "cpu")
 
 
+def test_auto_device_follows_what_torch_sees(monkeypatch):
+    from rove.precision import resolve_device
+
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda"
+
+
 @pytest.mark.parametrize("supported", [True, False])
 def test_auto_on_cuda(monkeypatch, supported):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: supported)

@@ -243,7 +243,8 @@ def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) 
 
 
 # The embedded CPU default: about 2 minutes of training per model on 2 cores (tiny preset,
-# 400 steps x 4096 byte tokens = 1.6M tokens), so 6 models and their evaluation fit in ~15 min.
+# 400 steps x 4096 byte tokens = 1.6M tokens); 6 models and their evaluation took 12-13 min on
+# 2-core EPYCs (benchmarks/RESULTS.md), the goal being 20 min on any 2-core x86 CPU.
 DEMO_TRAIN: dict[str, Any] = dict(
     preset="tiny",
     data="stdlib",
@@ -330,9 +331,11 @@ def demo_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="rove demo",
         description="Train tiny RoPE and RoVE models on the embedded corpus (no download), "
-        "evaluate them and write runs/demo/report.md. About 20 minutes on 2 CPU cores.",
+        "evaluate them and write runs/demo/report.md. About 15 minutes on 2 CPU cores.",
     )
-    p.add_argument("--quick", action="store_true", help="2-minute smoke version")
+    p.add_argument(
+        "--quick", action="store_true", help="smoke version: nano models, under a minute"
+    )
     p.add_argument("--out", help="output folder (default runs/demo, or runs/demo-quick)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--force", action="store_true", help="retrain runs made with another config")

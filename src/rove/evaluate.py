@@ -38,6 +38,7 @@ from rove.eval.protocol import LanguageModel
 from rove.eval.ruler import RULER_TASKS, evaluate_ruler
 from rove.eval.summary import eval_summary_lines
 from rove.lock import lock_folder
+from rove.precision import resolve_device
 from rove.terminal import command, interactive
 
 __all__ = [
@@ -349,7 +350,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("checkpoint", help="checkpoint folder or run folder (its latest checkpoint)")
     p.add_argument("--out", help="JSON output file (default: CHECKPOINT/eval.json)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", default="auto", help="auto (the GPU if any), cpu or cuda")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument(
         "--data",
@@ -427,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         record = evaluate_checkpoint(
             args.checkpoint,
             cfg,
-            device=args.device,
+            device=resolve_device(args.device),
             progress=not args.quiet,
             data=args.data,
             data_dir=args.data_dir,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import torch
 
+from rove.precision import resolve_device
 from rove.terminal import USER_ERRORS, command
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         help="YaRN context extension factor over the training length (run folders)",
     )
     parser.add_argument("--seed", type=int, default=None, help="random seed for sampling")
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--device", default="auto", help="auto (the GPU if any), cpu or cuda")
     args = parser.parse_args(argv)
     try:
         generate_text(
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             top_p=args.top_p,
             yarn_factor=args.yarn_factor,
             seed=args.seed,
-            device=args.device,
+            device=resolve_device(args.device),
             out=sys.stdout,
         )
     except USER_ERRORS:

@@ -31,6 +31,7 @@ __all__ = [
     "autocast_dtype",
     "cpu_has_native_bf16",
     "describe_precision",
+    "resolve_device",
     "resolve_dtype",
 ]
 
@@ -96,6 +97,13 @@ def cpu_has_native_bf16() -> bool:
     else:
         return False
     return _probe_bf16_ratio() <= PROBE_MAX_RATIO
+
+
+def resolve_device(device: str) -> str:
+    """``"auto"`` is the GPU when torch sees one, else the CPU; any other name is kept."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 def resolve_dtype(dtype: str, device: torch.device | str) -> str:

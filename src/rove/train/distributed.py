@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from rove.model import GPT
+from rove.precision import resolve_device
 
 PARALLEL = ("ddp", "fsdp")
 
@@ -75,9 +76,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _pick_device(device: str, local_rank: int) -> torch.device:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = torch.device(resolve_device(device))
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but CUDA is not available")
