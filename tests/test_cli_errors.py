@@ -30,8 +30,10 @@ def test_eval_of_a_missing_folder_names_it_and_creates_nothing(tmp_path, capsys)
 
 
 def test_eval_with_an_unknown_scaling(tmp_path, capsys):
-    assert rove(["eval", str(tmp_path), "--scalings", "foo", "--quiet"]) == 2
-    _one_error_line(capsys, "rove eval", "unknown scaling(s) ['foo']", "yarn")
+    with pytest.raises(SystemExit) as exit_:  # argparse's choices, from SCHEDULES
+        rove(["eval", str(tmp_path), "--scalings", "foo", "--quiet"])
+    assert exit_.value.code == 2
+    _one_error_line(capsys, "rove eval", "invalid choice: 'foo'", "yarn")
 
 
 def test_debug_shows_the_traceback_instead(tmp_path):

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rove import run_files
 from rove.atomic import write_json_atomic
 from rove.eval.icl import ICL_TASKS, evaluate_icl
 from rove.eval.perplexity import perplexity_vs_length
@@ -38,8 +39,9 @@ from rove.eval.protocol import LanguageModel
 from rove.eval.ruler import RULER_TASKS, evaluate_ruler
 from rove.eval.summary import eval_summary_lines
 from rove.lock import lock_folder
+from rove.model import SCALING_KINDS
 from rove.precision import resolve_device
-from rove.terminal import command, interactive
+from rove.terminal import command, config_defaults, config_from_args, interactive
 
 __all__ = [
     "DEFAULT_RULER_TASKS",
@@ -109,10 +111,13 @@ class EvalConfig:
         unknown = sorted(set(self.icl_tasks) - set(ICL_TASKS))
         if unknown:
             raise ValueError(f"unknown ICL task(s) {unknown}; choose from {sorted(ICL_TASKS)}")
-        bad = sorted(set(self.scalings) - {"yarn", "ntk", "linear", "dynamic-ntk"})
+        bad = sorted(set(self.scalings) - set(SCALING_KINDS))
+        if bad:
+            raise ValueError(f"unknown scaling(s) {bad}; choose from {', '.join(SCALING_KINDS)}")
+        bad = sorted(set(self.ruler_scalings) - {"none", *SCALING_KINDS})
         if bad:
             raise ValueError(
-                f"unknown scaling(s) {bad}; choose from yarn, ntk, linear, dynamic-ntk"
+                f"unknown RULER scaling(s) {bad}; choose from none, {', '.join(SCALING_KINDS)}"
             )
 
     def lengths(
@@ -366,33 +371,41 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--no-ppl", dest="ppl", action="store_false", help="skip perplexity")
     g.add_argument("--ppl-lengths", type=int, nargs="+", help="lengths (default: multiples)")
     g.add_argument(
-        "--ppl-multiples", type=float, nargs="+", default=[0.5, 1, 2, 4, 8, 16],
-        help="lengths as multiples of the training length",
-    )  # fmt: skip
-    g.add_argument("--scalings", nargs="*", default=["yarn"], help="yarn ntk linear dynamic-ntk")
-    g.add_argument("--ppl-tokens", type=int, default=65536, help="scored tokens per length")
+        "--ppl-multiples", type=float, nargs="+", help="lengths as multiples of the training length"
+    )
     g.add_argument(
-        "--ppl-min-windows", type=int, default=32,
+        "--scalings", nargs="*", choices=SCALING_KINDS, metavar="KIND",
+        help=f"also evaluated beyond the training length: {', '.join(SCALING_KINDS)}",
+    )  # fmt: skip
+    g.add_argument("--ppl-tokens", type=int, help="scored tokens per length")
+    g.add_argument(
+        "--ppl-min-windows", type=int,
         help="windows per length at least (raises the token budget for long lengths)",
     )  # fmt: skip
-    g.add_argument("--batch-size", type=int, default=8, help="windows per forward at train length")
+    g.add_argument("--batch-size", type=int, help="windows per forward at train length")
     g = p.add_argument_group("RULER")
     g.add_argument("--no-ruler", dest="ruler", action="store_false", help="skip RULER")
-    g.add_argument("--ruler-tasks", nargs="+", default=list(DEFAULT_RULER_TASKS), help="tasks")
+    g.add_argument("--ruler-tasks", nargs="+", metavar="TASK", help=f"of {', '.join(RULER_TASKS)}")
     g.add_argument("--ruler-lengths", type=int, nargs="+", help="lengths (default: multiples)")
-    g.add_argument("--ruler-multiples", type=float, nargs="+", default=[4, 8], help="x train len")
-    g.add_argument("--ruler-samples", type=int, default=100, help="samples per task and length")
+    g.add_argument("--ruler-multiples", type=float, nargs="+", help="x train len")
+    g.add_argument("--ruler-samples", type=int, help="samples per task and length")
+    g.add_argument(
+        "--ruler-scalings", nargs="+", choices=("none", *SCALING_KINDS), metavar="KIND",
+        help="inference-time scalings RULER runs under (none = plain)",
+    )  # fmt: skip
     g.add_argument("--squad", help="local SQuAD v2 json (enables qa_squad)")
     g.add_argument("--hotpotqa", help="local HotpotQA json (enables qa_hotpot)")
     g = p.add_argument_group("few-shot")
     g.add_argument(
         "--no-icl", dest="icl", action="store_false", help="skip the synthetic ICL suite"
     )
-    g.add_argument("--icl-items", type=int, default=50, help="items per ICL task")
+    g.add_argument("--icl-tasks", nargs="+", metavar="TASK", help=f"of {', '.join(ICL_TASKS)}")
+    g.add_argument("--icl-items", type=int, help="items per ICL task")
     g.add_argument("--icl-max-tokens", type=int, help="longest ICL sequence (default train len)")
     g.add_argument("--core-bundle", help="local DCLM eval bundle folder (enables CORE)")
     g.add_argument("--core-max-per-task", type=int, help="cap items per CORE task")
-    g.add_argument("--seed", type=int, default=0, help="task generation seed")
+    g.add_argument("--seed", type=int, help="task generation seed")
+    p.set_defaults(**config_defaults(EvalConfig))
     return p
 
 
@@ -400,30 +413,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     qa_paths = {k: v for k, v in (("qa_squad", args.squad), ("qa_hotpot", args.hotpotqa)) if v}
-    cfg = EvalConfig(
-        ppl=args.ppl,
-        ppl_multiples=args.ppl_multiples,
-        ppl_lengths=args.ppl_lengths,
-        scalings=args.scalings,
-        ppl_tokens=args.ppl_tokens,
-        ppl_min_windows=args.ppl_min_windows,
-        batch_size=args.batch_size,
-        ruler=args.ruler,
-        ruler_tasks=list(args.ruler_tasks),
-        ruler_multiples=args.ruler_multiples,
-        ruler_lengths=args.ruler_lengths,
-        ruler_samples=args.ruler_samples,
-        qa_paths=qa_paths,
-        icl=args.icl,
-        icl_items=args.icl_items,
-        icl_max_tokens=args.icl_max_tokens,
-        core_bundle=args.core_bundle,
-        core_max_per_task=args.core_max_per_task,
-        seed=args.seed,
-    )
+    cfg = config_from_args(EvalConfig, args, qa_paths=qa_paths)
     if not Path(args.checkpoint).is_dir():  # before the lock, which would create the folder
         raise FileNotFoundError(f"no run or checkpoint folder {args.checkpoint}")
-    out = Path(args.out) if args.out else Path(args.checkpoint) / "eval.json"
+    out = Path(args.out) if args.out else Path(args.checkpoint) / run_files.EVAL
     with eval_output_lock(out):
         record = evaluate_checkpoint(
             args.checkpoint,

@@ -5,21 +5,33 @@
   is one ``rove <cmd>: error: ...`` line and exit status 2, never a traceback; ``--debug`` (or
   ``ROVE_DEBUG=1``) shows the traceback instead. Anything else is a bug and keeps its traceback.
 - :func:`key_value`: the ``KEY=VALUE`` flags (values parsed as JSON, else kept as strings).
+- :func:`config_defaults` / :func:`config_from_args`: a command line over a config dataclass
+  takes its defaults from the dataclass, so each default is written once.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from rove.lock import FolderLockedError
 
-__all__ = ["USER_ERRORS", "command", "interactive", "key_value"]
+__all__ = [
+    "USER_ERRORS",
+    "command",
+    "config_defaults",
+    "config_from_args",
+    "interactive",
+    "key_value",
+]
+
+Config = TypeVar("Config")
 
 # What a person can fix: wrong values and configs (ValueError, including corrupt checkpoints and
 # stale runs), files and folders (OSError: missing, a file where a folder belongs, disk full,
@@ -70,3 +82,21 @@ def key_value(text: str) -> tuple[str, object]:
         return key.replace("-", "_"), json.loads(value)
     except json.JSONDecodeError:
         return key.replace("-", "_"), value
+
+
+def config_defaults(cls: type) -> dict[str, Any]:
+    """Each field's default of dataclass ``cls`` (factories called), for ``parser.set_defaults``:
+    the flags then show and use the dataclass's defaults, never a second copy of them."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def config_from_args(cls: type[Config], args: argparse.Namespace, **given: Any) -> Config:
+    """An instance of dataclass ``cls`` from the parsed fields of the same name, plus ``given``."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # cls is a dataclass
+    return cls(**{**{k: v for k, v in vars(args).items() if k in names}, **given})

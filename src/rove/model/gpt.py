@@ -30,11 +30,12 @@ from rove.functional import check_mode
 from rove.kv_cache import KVCache
 from rove.layer import RoveAttention
 from rove.model.config import GPTConfig
-from rove.rotary import Rotary, Temperature, check_positions, table_dtype
+from rove.rotary import SCHEDULES, Rotary, Temperature, check_positions, table_dtype
 
 __all__ = ["GPT", "SCALING_KINDS"]
 
-SCALING_KINDS = ("yarn", "ntk", "linear", "dynamic-ntk")
+# inference-time frequency scalings: every schedule but the unscaled one (SCHEDULES is the list)
+SCALING_KINDS = tuple(kind for kind in SCHEDULES if kind != "default")
 
 
 class MLP(nn.Module):

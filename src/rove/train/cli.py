@@ -21,8 +21,9 @@ import logging
 import os
 import sys
 
+from rove import run_files
 from rove.model import POSITIONS, PRESETS
-from rove.terminal import command, key_value
+from rove.terminal import command, config_defaults, key_value
 from rove.train.config import DECAY_SHAPES, DTYPES, LOGGERS, SCHEDULES, TOKENIZERS, TrainConfig
 from rove.train.distributed import PARALLEL
 from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train
@@ -50,10 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     g = p.add_argument_group("model")
-    g.add_argument(
-        "--preset", default="tiny", choices=sorted(PRESETS), help="model size and recipe"
-    )
-    g.add_argument("--pos", default="rove", choices=POSITIONS, help="position encoding")
+    g.add_argument("--preset", choices=sorted(PRESETS), help="model size and recipe")
+    g.add_argument("--pos", choices=POSITIONS, help="position encoding")
     g.add_argument("--n-kv-head", type=int, help="key/value heads (GQA); default: n_head")
     g.add_argument(
         "--shared-kv", action="store_true", default=None, help="one projection for K and V (K = V)"
@@ -83,18 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--token-budget", type=int, help="training tokens (instead of --max-steps)")
     g = p.add_argument_group("optimizer and schedule")
     g.add_argument("--lr", type=float, help=f"peak learning rate; {RECIPE}")
-    g.add_argument("--min-lr-ratio", type=float, default=0.1, help="final LR / peak LR")
+    g.add_argument("--min-lr-ratio", type=float, help="final LR / peak LR")
     g.add_argument("--warmup-steps", type=int, help=f"linear warm-up steps; {RECIPE}")
-    g.add_argument("--schedule", choices=SCHEDULES, default="cosine", help="LR schedule")
-    g.add_argument("--decay-fraction", type=float, default=0.2, help="wsd: fraction decaying")
-    g.add_argument("--decay-shape", choices=DECAY_SHAPES, default="linear", help="wsd decay")
-    g.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
-    g.add_argument("--beta2", type=float, default=0.95, help="AdamW beta2")
-    g.add_argument("--weight-decay", type=float, default=0.1, help="on matrices/embeddings")
-    g.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm; 0 = off")
+    g.add_argument("--schedule", choices=SCHEDULES, help="LR schedule")
+    g.add_argument("--decay-fraction", type=float, help="wsd: fraction decaying")
+    g.add_argument("--decay-shape", choices=DECAY_SHAPES, help="wsd decay")
+    g.add_argument("--beta1", type=float, help="AdamW beta1")
+    g.add_argument("--beta2", type=float, help="AdamW beta2")
+    g.add_argument("--weight-decay", type=float, help="on matrices/embeddings")
+    g.add_argument("--grad-clip", type=float, help="max grad norm; 0 = off")
     g = p.add_argument_group("system")
     g.add_argument(
-        "--dtype", choices=DTYPES, default="auto", help="bf16 autocast, fp32, or auto: bf16 "
+        "--dtype", choices=DTYPES, help="bf16 autocast, fp32, or auto: bf16 "
         "where the hardware has it natively, else fp32",
     )  # fmt: skip
     g.add_argument(
@@ -102,26 +101,26 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help="torch.compile the model; default: yes on CUDA, no on CPU",
     )
-    g.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
+    g.add_argument("--device", help="'auto', 'cpu' or 'cuda'")
     g.add_argument(
         "--parallel",
         choices=PARALLEL,
-        default="ddp",
         help="under torchrun: ddp (a replica per rank) or fsdp (FSDP2, sharded weights)",
     )
-    g.add_argument("--seed", type=int, default=0, help="weights' init and data order")
+    g.add_argument("--seed", type=int, help="weights' init and data order")
     g = p.add_argument_group("evaluation, checkpoints and output")
     g.add_argument("--eval-interval", type=int, help=f"steps between evals, 0 = end; {RECIPE}")
     g.add_argument("--eval-tokens", type=int, help=f"validation tokens per eval; {RECIPE}")
     g.add_argument("--checkpoint-interval", type=int, help=f"0 = final only; {RECIPE}")
-    g.add_argument("--keep-checkpoints", type=int, default=2, help="kept on disk; 0 = all")
-    g.add_argument("--out-dir", default="runs", help="parent of run directories")
+    g.add_argument("--keep-checkpoints", type=int, help="kept on disk; 0 = all")
+    g.add_argument("--out-dir", help="parent of run directories")
     g.add_argument("--run-name", help="run directory name; default: <preset>-<pos>-seed<seed>")
     g.add_argument("--log", choices=LOGGERS, action="append", default=[], help="extra logger")
-    g.add_argument("--wandb-project", default="rove", help="W&B project for --log wandb")
+    g.add_argument("--wandb-project", help="W&B project for --log wandb")
     g.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.set_defaults(**config_defaults(TrainConfig))  # each default lives in TrainConfig
     return p
 
 
@@ -161,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rove train: error: {err}", file=sys.stderr)
         return 1
     if main_rank:
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        summary = json.loads((run_dir / run_files.SUMMARY).read_text(encoding="utf-8"))
         rate = summary["tokens_per_s"]
         print(
             f"{run_dir}: {summary['steps']} steps, {summary['tokens']:,} tokens, "
