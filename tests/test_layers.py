@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "rove.lock": 0,
     "rove.precision": 0,
     "rove.terminal": 0,
+    "rove.run_files": 0,
     "rove.rotation": 0,
     "rove.kernels": 1,
     "rove.rotary": 2,
@@ -91,9 +92,13 @@ def _imports(module: str, path: Path) -> list[tuple[str, int]]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.append((base, node.lineno))
-            # ``from rove import checkpoint`` imports a module, not a name
-            found += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]
+            # ``from rove import checkpoint`` imports a module (and runs only the lazy root)
+            subs = [f"{base}.{alias.name}" for alias in node.names]
+            modules = [name for name in subs if (SRC / Path(*name.split("."))).exists()
+                       or (SRC / Path(*name.split("."))).with_suffix(".py").exists()]  # fmt: skip
+            found += [(name, node.lineno) for name in modules]
+            if len(modules) < len(subs):  # names from the module itself
+                found.append((base, node.lineno))
     return [(name, line) for name, line in found if name == "rove" or name.startswith("rove.")]
 
 

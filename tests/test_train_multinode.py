@@ -15,9 +15,9 @@ import sys
 import pytest
 import torch
 
-from rove.checkpoint import CHECKPOINTS, LATEST
+from rove.run_files import CHECKPOINTS, LATEST, SUMMARY
 from rove.train import load_checkpoint, train
-from rove.train.metrics import SUMMARY_FILE, read_metrics
+from rove.train.metrics import read_metrics
 from test_train_distributed import config, free_port
 from test_train_distributed import data_dir as data_dir  # the prepared-corpus fixture
 
@@ -87,7 +87,7 @@ def test_fsdp_run_resumes(runs, data_dir):
     sharded, single = runs
     shutil.rmtree(sharded / CHECKPOINTS / "step_000006")  # in place: out_dir may not change
     (sharded / CHECKPOINTS / LATEST).write_text("step_000003\n")
-    (sharded / SUMMARY_FILE).unlink()
+    (sharded / SUMMARY).unlink()
     launch_nodes([*cli_args(data_dir, sharded.parent, 16, "fsdp"), "--resume"])
     assert [r["step"] for r in read_metrics(sharded)] == [r["step"] for r in read_metrics(single)]
     assert_same_checkpoint(sharded, load_checkpoint(single))

@@ -43,6 +43,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from rove import run_files
 from rove.atomic import fsync_dir, write_text_atomic
 from rove.model import GPT, GPTConfig
 
@@ -66,8 +67,7 @@ FORMAT_VERSION = 2  # 2: meta.json carries its own checksum; 1 is still read
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 META_FILE = "meta.json"
-LATEST = "latest"
-CHECKPOINTS = "checkpoints"
+LATEST, CHECKPOINTS = run_files.LATEST, run_files.CHECKPOINTS  # the run folder's layout
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _REQUIRED = {
     "format": str,

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from rove import run_files
 from rove.atomic import write_json_atomic
 from rove.evaluate import EvalConfig, eval_output_lock, evaluate_checkpoint
 from rove.lock import lock_folder
@@ -53,8 +54,6 @@ __all__ = [
     "main",
     "run_compare",
 ]
-
-RESULTS = "results.json"
 
 
 class StaleRunError(ValueError):
@@ -98,7 +97,7 @@ class CompareConfig:
                 **self.train,
                 "pos": pos,
                 "seed": seed,
-                "out_dir": str(Path(self.out_dir) / "runs"),
+                "out_dir": str(Path(self.out_dir) / run_files.RUNS),
                 "run_name": self.run_name(pos, seed),
             }
         )
@@ -116,7 +115,7 @@ def _curve(run_dir: Path) -> list[dict]:
 def _stale_fields(run_dir: Path, tcfg: TrainConfig) -> list[str]:
     """'field: stored -> wanted' for each difference between the config stored in ``run_dir``
     and ``tcfg`` (empty if they have the same fingerprint, or nothing is stored yet)."""
-    stored_file = run_dir / "config.json"
+    stored_file = run_dir / run_files.CONFIG
     if not stored_file.is_file():
         return []
     stored = json.loads(stored_file.read_text(encoding="utf-8"))["train"]
@@ -170,16 +169,16 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
     """Train (or resume) and evaluate one model, reusing whatever is already on disk."""
     tcfg = cfg.train_config(pos, seed)
     run_dir = Path(tcfg.out_dir) / cfg.run_name(pos, seed)
-    if not (run_dir / "summary.json").is_file():
+    if not (run_dir / run_files.SUMMARY).is_file():
         train(tcfg, progress=progress, resume=run_dir.is_dir())
-    summary = json.loads((run_dir / "summary.json").read_text())
-    eval_file = run_dir / "eval.json"
+    summary = json.loads((run_dir / run_files.SUMMARY).read_text())
+    eval_file = run_dir / run_files.EVAL
     with eval_output_lock(eval_file):
         record = json.loads(eval_file.read_text()) if eval_file.is_file() else None
         if record is None or not _eval_is_current(record, cfg, summary):
             record = evaluate_checkpoint(run_dir, cfg.eval, progress=progress)
             write_json_atomic(eval_file, record)
-    stored = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["train"]
+    stored = json.loads((run_dir / run_files.CONFIG).read_text(encoding="utf-8"))["train"]
     return {
         **record,
         "label": pos,
@@ -219,7 +218,7 @@ def run_compare(cfg: CompareConfig, *, progress: bool = True, force: bool = Fals
 
 def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) -> Path:
     _check_stale(cfg, force)
-    write_json_atomic(out / "compare_config.json", dataclasses.asdict(cfg))
+    write_json_atomic(out / run_files.COMPARE_CONFIG, dataclasses.asdict(cfg))
     jobs = [(pos, seed) for seed in cfg.seeds for pos in cfg.positions]
     runs: list[dict] = []
     start = time.perf_counter()
@@ -236,9 +235,9 @@ def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) 
             "machine": platform.platform(),
             "runs": runs,
         }
-        write_json_atomic(out / RESULTS, results)
+        write_json_atomic(out / run_files.RESULTS, results)
     results["wall_time_s"] = time.perf_counter() - start
-    write_json_atomic(out / RESULTS, results)
+    write_json_atomic(out / run_files.RESULTS, results)
     return write_report(results, out)
 
 
@@ -321,8 +320,10 @@ def demo_config(quick: bool = False, out_dir: str | None = None) -> CompareConfi
 
 
 def _print_done(report: Path) -> None:
-    results = json.loads((report.parent / RESULTS).read_text())
-    print(f"\nwrote {report} and {report.parent / RESULTS} ({results['wall_time_s']:.0f} s)")
+    results = json.loads((report.parent / run_files.RESULTS).read_text())
+    print(
+        f"\nwrote {report} and {report.parent / run_files.RESULTS} ({results['wall_time_s']:.0f} s)"
+    )
     print("\n".join(findings(results)))
 
 
@@ -400,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         data["out_dir"] = args.out
     cfg = config_from_dict(data)
     if args.report_only:
-        results_file = Path(cfg.out_dir) / RESULTS
+        results_file = Path(cfg.out_dir) / run_files.RESULTS
         if not results_file.is_file():
             raise FileNotFoundError(f"no {results_file}: run the comparison first")
         print(f"wrote {write_report(json.loads(results_file.read_text()), cfg.out_dir)}")

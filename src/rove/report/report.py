@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from rove import run_files
 from rove.atomic import write_text_atomic
 from rove.eval.records import dig, ruler_cells, ruler_groups, ruler_lengths
 from rove.eval.ruler import RULER_GROUPS, RULER_TASKS
@@ -487,6 +488,6 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
         figures["Training curves"] = plot_training_curves(
             runs, out_dir / "training_curves.png"
         ).name
-    path = out_dir / "report.md"
+    path = out_dir / run_files.REPORT
     write_text_atomic(path, render_report(results, figures))
     return path

@@ -47,10 +47,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from rove import run_files
 from rove._version import __version__
 from rove.atomic import write_json_atomic
 from rove.checkpoint import (
-    CHECKPOINTS,
     Checkpoint,
     CheckpointError,
     capture_rng,
@@ -92,8 +92,6 @@ from rove.train.distributed import (
     wrap_ddp,
 )
 from rove.train.metrics import (
-    METRICS_FILE,
-    SUMMARY_FILE,
     MetricsLogger,
     eval_line,
     mfu,
@@ -115,7 +113,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("rove.train")
-CONFIG_FILE = "config.json"
 VAL_SEED = 0  # the val windows' order never depends on the run's seed
 
 
@@ -351,7 +348,7 @@ def _resume_point(run_dir: Path, cfg: TrainConfig) -> Checkpoint | None:
     """The checkpoint to resume from, checked against ``cfg`` before any data is prepared."""
     ckpt = resume_checkpoint(run_dir)
     if ckpt is None:
-        if (run_dir / METRICS_FILE).exists():
+        if (run_dir / run_files.METRICS).exists():
             log.warning("%s has no checkpoint yet: starting it again at step 0", run_dir)
         return None
     if not isinstance(ckpt.meta.get("loader"), dict) or not ckpt.meta.get("rng"):
@@ -409,7 +406,9 @@ def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: 
     run_dir = Path(cfg.out_dir) / cfg.run_name
     ckpt = _resume_point(run_dir, cfg) if resume else None
     latest = ckpt.path if ckpt is not None else None
-    if not resume and ((run_dir / CHECKPOINTS).exists() or (run_dir / METRICS_FILE).exists()):
+    if not resume and (
+        (run_dir / run_files.CHECKPOINTS).exists() or (run_dir / run_files.METRICS).exists()
+    ):
         raise FileExistsError(
             f"{run_dir} already holds a run; resume it (resume=True, --resume) or choose "
             "another run_name / out_dir"
@@ -462,7 +461,7 @@ def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: 
         step, elapsed_before = ckpt.meta["step"], float(ckpt.meta.get("elapsed_s", 0.0))
         log.info("resuming %s from step %d", run_dir, step)
         del ckpt
-    if step >= cfg.max_steps and (run_dir / SUMMARY_FILE).is_file():
+    if step >= cfg.max_steps and (run_dir / run_files.SUMMARY).is_file():
         return run_dir  # resuming a finished run: nothing to do
     # torch.compile of a module returns an OptimizedModule; its stubs say only Callable
     compiled: torch.nn.Module = torch.compile(raw) if cfg.compile else raw  # type: ignore[assignment]
@@ -473,7 +472,7 @@ def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: 
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(
-            run_dir / CONFIG_FILE,
+            run_dir / run_files.CONFIG,
             {
                 "train": cfg.to_dict(),
                 "fingerprint": run_fingerprint(cfg.to_dict()),  # what compare checks reuse by
@@ -512,7 +511,7 @@ def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: 
         path = None
         if info.is_main:
             path = save_checkpoint(
-                run_dir / CHECKPOINTS,
+                run_dir / run_files.CHECKPOINTS,
                 step=at,
                 model=full_model,
                 optimizer=full_optimizer,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from rove import run_files
 from rove.atomic import write_json_atomic, write_text_atomic
 
 __all__ = [
@@ -30,8 +31,6 @@ __all__ = [
     "write_summary",
 ]
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s.
 PEAK_BF16_FLOPS = {
     "B200": 2250e12,
@@ -101,7 +100,7 @@ def eval_line(
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """The records of ``run_dir/metrics.jsonl`` (empty if none)."""
-    path = Path(run_dir) / METRICS_FILE
+    path = Path(run_dir) / run_files.METRICS
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
@@ -117,7 +116,7 @@ def write_summary(run_dir: Path, fields: dict) -> dict:
         "final_val_loss": vals[-1] if vals else None,
         **fields,
     }
-    write_json_atomic(run_dir / SUMMARY_FILE, _finite_or_none(summary))
+    write_json_atomic(run_dir / run_files.SUMMARY, _finite_or_none(summary))
     return summary
 
 
@@ -152,7 +151,7 @@ class MetricsLogger:
         self._wandb = None
         if not enabled:
             return
-        path = run_dir / METRICS_FILE
+        path = run_dir / run_files.METRICS
         if resume_step is None:
             path.unlink(missing_ok=True)
         elif path.is_file():
