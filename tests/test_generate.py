@@ -7,10 +7,10 @@ import io
 import pytest
 import torch
 
-from rove.checkpoint import save_checkpoint
 from rove.data import get_tokenizer
 from rove.generate import filter_logits, generate_text, main, sample_next
 from rove.model import GPT, GPTConfig
+from run_folders import save_byte_run
 
 
 def test_top_k_and_top_p_keep_the_right_tokens():
@@ -42,19 +42,7 @@ def run_dir(tmp_path_factory):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
-    run = tmp_path_factory.mktemp("gen") / "run"
-    run.mkdir()
-    (run / "config.json").write_text('{"train": {"tokenizer": "byte"}}')  # as `rove train` writes
-    save_checkpoint(
-        run / "checkpoints",
-        step=1,
-        model=model,
-        optimizer=None,
-        tokens=0,
-        train_config={"tokenizer": "byte"},
-        tokenizer=get_tokenizer("byte").identity(),
-    )
-    return run, model
+    return save_byte_run(tmp_path_factory.mktemp("gen") / "run", model), model
 
 
 class Chunks(io.StringIO):

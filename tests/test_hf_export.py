@@ -11,10 +11,10 @@ import torch
 pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rove.checkpoint import save_checkpoint
 from rove.data import get_tokenizer
 from rove.hf.export import MODELING_FILE, export_model, load_exported, main
 from rove.model import GPT, GPTConfig
+from run_folders import save_byte_run
 
 # (pos, extra config, forced remote code, expected HF class)
 CASES = [
@@ -127,17 +127,8 @@ def test_tokenizer_forms_match_rove(tmp_path, name):
 
 
 def test_export_cli_from_run_folder(tmp_path, capsys):
-    model = random_gpt("rove")
-    byte = get_tokenizer("byte")
-    save_checkpoint(
-        tmp_path / "run" / "checkpoints",
-        step=3,
-        model=model,
-        optimizer=None,
-        tokens=0,
-        train_config={"tokenizer": "byte"},
-        tokenizer=byte.identity(),
-    )
+    model, byte = random_gpt("rove"), get_tokenizer("byte")
+    save_byte_run(tmp_path / "run", model, step=3)
     assert main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
     assert "exported" in capsys.readouterr().out
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True)

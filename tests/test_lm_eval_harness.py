@@ -19,11 +19,11 @@ import torch
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
-from rove.checkpoint import save_checkpoint
 from rove.data import get_tokenizer
 from rove.eval.lm_eval_adapter import RoveLMAdapter, make_lm_eval_model
 from rove.hf.export import export_model
 from rove.model import GPT, GPTConfig
+from run_folders import save_byte_run
 from test_eval_lm_eval_adapter import TOK, bigram_logprob, cycle_model
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -118,16 +118,7 @@ def test_rove_lm_eval_cli_on_run_folder(task_dir, tmp_path, monkeypatch):
     from rove.cli import main
 
     model, byte = random_gpt("rove"), get_tokenizer("byte")
-    run = tmp_path / "run"
-    save_checkpoint(
-        run / "checkpoints",
-        step=1,
-        model=model,
-        optimizer=None,
-        tokens=0,
-        train_config={"tokenizer": "byte"},
-        tokenizer=byte.identity(),
-    )
+    run = save_byte_run(tmp_path / "run", model)
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
     args = ["lm-eval", "--model", "rove", "--tasks", ",".join(sorted(TASKS))]
@@ -189,16 +180,7 @@ def test_rove_lm_model_args(tmp_path):
 def test_rove_lm_eval_console_entry_in_subprocess(task_dir, tmp_path):
     """The same ``rove lm-eval`` as a fresh process (registration happens in the wrapper)."""
     model, byte = random_gpt("rope"), get_tokenizer("byte")
-    run = tmp_path / "run"
-    save_checkpoint(
-        run / "checkpoints",
-        step=1,
-        model=model,
-        optimizer=None,
-        tokens=0,
-        train_config={"tokenizer": "byte"},
-        tokenizer=byte.identity(),
-    )
+    run = save_byte_run(tmp_path / "run", model)
     args = ["-m", "rove.cli", "lm-eval", "--model", "rove", "--tasks", "rove_t_ppl"]
     args += ["--model_args", f"pretrained={run},max_length=32,rope_scaling=yarn"]
     results = run_cli([*args, "--include_path", str(task_dir)], tmp_path / "out")

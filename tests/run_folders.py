@@ -1,0 +1,27 @@
+"""A run folder as ``rove train`` leaves it, for the tests of what reads one (export, generate,
+lm-eval): the model's checkpoint with the byte tokenizer's identity, and ``config.json``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rove import run_files
+from rove.checkpoint import save_checkpoint
+from rove.data import get_tokenizer
+
+
+def save_byte_run(run: Path, model: torch.nn.Module, step: int = 1) -> Path:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / run_files.CONFIG).write_text('{"train": {"tokenizer": "byte"}}')
+    save_checkpoint(
+        run / run_files.CHECKPOINTS,
+        step=step,
+        model=model,
+        optimizer=None,
+        tokens=0,
+        train_config={"tokenizer": "byte"},
+        tokenizer=get_tokenizer("byte").identity(),
+    )
+    return run
