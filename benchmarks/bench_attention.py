@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -77,15 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
     p.add_argument("--repeats", type=int, default=20, help="interleaved timed rounds")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (fixed for the run)")
-    p.add_argument(
-        "--results",
-        type=Path,
-        default=harness.RESULTS_MD,
-        help="markdown file the run is appended to (every run is recorded)",
-    )
-    p.add_argument(
-        "--no-record", dest="results", action="store_const", const=None, help="do not record"
-    )
+    harness.add_record_arguments(p)
     args = p.parse_args(argv)
     harness.set_threads(args.threads)
     args.compile = [bool(c) for c in args.compile]

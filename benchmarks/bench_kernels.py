@@ -75,14 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compile", type=int, nargs="+", default=[0], help="layers: 0 eager, 1 compiled"
     )
     p.add_argument("--out", default=None, help="also write the results as JSON to this file")
-    p.add_argument(
-        "--results",
-        type=Path,
-        default=harness.RESULTS_MD,
-        help="markdown file the run is appended to (every run is recorded)",
-    )
-    p.add_argument("--no-record", dest="results", action="store_const", const=None,
-                   help="do not append to the results file")  # fmt: skip
+    harness.add_record_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
         args.seq, args.tokens, args.heads, args.head_dim = [64, 128], 256, 4, 16

@@ -15,6 +15,7 @@ nothing is dropped. :func:`append_results` appends a dated section to ``RESULTS.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import math
 import os
@@ -56,6 +57,19 @@ class Timing:
         lo, hi = self.iqr
         return {"median_s": self.median, "q1_s": lo, "q3_s": hi, "calls": self.calls,
                 "samples_s": self.samples}  # fmt: skip
+
+
+def add_record_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--results FILE`` (default ``RESULTS.md``: every run is recorded) and ``--no-record``."""
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS_MD,
+        help="markdown file the run is appended to (every run is recorded)",
+    )
+    parser.add_argument(
+        "--no-record", dest="results", action="store_const", const=None, help="do not record"
+    )
 
 
 def quartiles(values: Iterable[float]) -> tuple[float, float]:
