@@ -71,7 +71,7 @@ from rove.data.corpora import (
 )
 from rove.data.shards import read_header, token_dtype, write_shard
 from rove.data.tokenizers import Tokenizer, get_tokenizer
-from rove.terminal import command
+from rove.terminal import command, interactive
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "rove-token-shards"
@@ -520,7 +520,7 @@ def _write_dataset(
         desc=f"prepare {name} ({tok.name})",
         unit="tok",
         unit_scale=True,
-        disable=not progress,
+        disable=not (progress and interactive()),  # a log file gets the summary, not \r noise
     ) as bar:
         try:
             for index, tokens in enumerate(encoded):
