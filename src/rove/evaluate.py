@@ -15,7 +15,7 @@ The record it returns is the per-model entry of ``rove compare``'s ``results.jso
      "ruler": {"none": {task: {"512": {"nll", "accuracy", "n_samples", "error"}}}, "yarn": {...}},
      "ruler_not_run": {task: reason},                 # the 13 RULER tasks that did not run
      "icl": {"mean_centered": 0.1, "tasks": {...}, "skipped": {task: reason}},
-     "core": {...}, "not_run": {"core": "no bundle ..."}}
+     "not_run": {"core": "no bundle ..."}, "core": {...}}  # core only with a bundle
 """
 
 from __future__ import annotations
@@ -155,103 +155,139 @@ def evaluate_model(
     Progress bars appear only on a terminal: in a log file tqdm is ``\r`` noise.
     """
     progress = progress and interactive()
-    train_len = model.config.block_size
-    record: dict[str, Any] = {"train_len": train_len}
+    record: dict[str, Any] = {"train_len": model.config.block_size}
     if cfg.ppl:
-        lengths = cfg.lengths(train_len, cfg.ppl_lengths, cfg.ppl_multiples)
-        out = perplexity_vs_length(
-            model,
-            tokens,
-            lengths,
-            scalings=[None, *cfg.scalings],
-            max_tokens_per_length=cfg.ppl_tokens,
-            min_windows=cfg.ppl_min_windows,
-            batch_size=cfg.batch_size,
-            progress=progress,
-        )["results"]
-        record["ppl"] = {str(n): _finite(r["ppl"]) for n, r in out["none"].items()}
-        record["ppl_scaled"] = {
-            kind: {str(n): _finite(r["ppl"]) for n, r in out[kind].items() if n > train_len}
+        record |= _ppl_record(model, tokens, cfg, progress=progress)
+    if cfg.ruler:
+        record |= _ruler_record(model, tokenizer, tokens, cfg, progress=progress)
+    if cfg.icl:
+        record["icl"] = _icl_record(model, tokenizer, cfg)
+    record["not_run"] = _evaluations_not_run(cfg)
+    if cfg.core_bundle:
+        record["core"] = _core_record(model, tokenizer, cfg.core_bundle, cfg, progress=progress)
+    return record
+
+
+def _ppl_record(
+    model: LanguageModel, tokens: np.ndarray, cfg: EvalConfig, *, progress: bool
+) -> dict[str, Any]:
+    """Perplexity by length: ``ppl`` plain at every length, ``ppl_scaled`` only beyond the
+    training length (where scaling changes anything), and the intervals, window counts and
+    position losses of every cell; ``ppl_errors`` / ``ppl_notes`` only when some cell has one."""
+    train_len = model.config.block_size
+    cells = perplexity_vs_length(
+        model,
+        tokens,
+        cfg.lengths(train_len, cfg.ppl_lengths, cfg.ppl_multiples),
+        scalings=[None, *cfg.scalings],
+        max_tokens_per_length=cfg.ppl_tokens,
+        min_windows=cfg.ppl_min_windows,
+        batch_size=cfg.batch_size,
+        progress=progress,
+    )["results"]  # {"none" | scaling: {length: cell}}
+    plain = cells["none"]
+    record: dict[str, Any] = {
+        "ppl": {str(n): _finite(r["ppl"]) for n, r in plain.items()},
+        "ppl_scaled": {
+            kind: {str(n): _finite(r["ppl"]) for n, r in cells[kind].items() if n > train_len}
             for kind in cfg.scalings
-        }
-        record["ppl_ci"] = {k: {str(n): r["ppl_ci"] for n, r in c.items()} for k, c in out.items()}
-        record["ppl_windows"] = {str(n): r["n_windows"] for n, r in out["none"].items()}
-        record["position_loss"] = {
+        },
+        "ppl_ci": {k: {str(n): r["ppl_ci"] for n, r in c.items()} for k, c in cells.items()},
+        "ppl_windows": {str(n): r["n_windows"] for n, r in plain.items()},
+        "position_loss": {
             kind: {
                 str(n): {"buckets": r["position_buckets"], "loss": r["position_loss"]}
-                for n, r in cells.items()
+                for n, r in by_length.items()
             }
-            for kind, cells in out.items()
-        }
-        errors = {
-            f"{k}@{n}": r["error"] for k, c in out.items() for n, r in c.items() if r["error"]
-        }
-        if errors:
-            record["ppl_errors"] = errors
-        notes = {f"{n}": r["note"] for n, r in out["none"].items() if r["note"]}
-        if notes:
-            record["ppl_notes"] = notes
-    if cfg.ruler:
-        lengths = cfg.lengths(train_len, cfg.ruler_lengths, cfg.ruler_multiples)
-        record["ruler"] = {}
-        for kind in cfg.ruler_scalings:
-            out = evaluate_ruler(
-                model,
-                tokenizer,
-                cfg.ruler_tasks,
-                lengths,
-                cfg.ruler_samples,
-                cfg.seed,
-                tokens,
-                scaling=None if kind == "none" else kind,
-                qa_paths=cfg.qa_paths or None,
-                progress=progress,
-            )
-            record["ruler"][kind] = {
-                task: {
-                    str(n): {
-                        "nll": _finite(r["nll"]),
-                        "accuracy": r["accuracy"],
-                        "n_samples": r["n_samples"],
-                        "error": r["error"],
-                    }
-                    for n, r in cells.items()
-                }
-                for task, cells in out["results"].items()
-            }
-        record["ruler_not_run"] = _ruler_not_run(cfg)
-    if cfg.icl:
-        out = evaluate_icl(
+            for kind, by_length in cells.items()
+        },
+    }
+    errors = {f"{k}@{n}": r["error"] for k, c in cells.items() for n, r in c.items() if r["error"]}
+    if errors:
+        record["ppl_errors"] = errors
+    notes = {f"{n}": r["note"] for n, r in plain.items() if r["note"]}
+    if notes:
+        record["ppl_notes"] = notes
+    return record
+
+
+def _ruler_record(
+    model: LanguageModel, tokenizer: Any, tokens: np.ndarray, cfg: EvalConfig, *, progress: bool
+) -> dict[str, Any]:
+    """RULER cells ``{scaling: {task: {length: cell}}}`` and why the other tasks did not run."""
+    lengths = cfg.lengths(model.config.block_size, cfg.ruler_lengths, cfg.ruler_multiples)
+    ruler = {}
+    for kind in cfg.ruler_scalings:
+        out = evaluate_ruler(
             model,
             tokenizer,
-            cfg.icl_tasks,
-            n_items=cfg.icl_items,
-            max_tokens=cfg.icl_max_tokens,
-            seed=cfg.seed,
-            progress=False,
+            cfg.ruler_tasks,
+            lengths,
+            cfg.ruler_samples,
+            cfg.seed,
+            tokens,
+            scaling=None if kind == "none" else kind,
+            qa_paths=cfg.qa_paths or None,
+            progress=progress,
         )
-        skipped = {t: f"{why} (raise --icl-max-tokens)" for t, why in out["skipped"].items()}
-        record["icl"] = {"mean_centered": out["score"], "tasks": out["tasks"], "skipped": skipped}
-        if not out["tasks"]:
-            record["icl"]["error"] = "no ICL task fits: " + "; ".join(skipped.values())
-    record["not_run"] = {
+        ruler[kind] = {
+            task: {str(n): _ruler_cell(r) for n, r in cells.items()}
+            for task, cells in out["results"].items()
+        }
+    return {"ruler": ruler, "ruler_not_run": _ruler_not_run(cfg)}
+
+
+def _ruler_cell(result: dict[str, Any]) -> dict[str, Any]:
+    """The fields of one RULER result the record keeps, a non-finite NLL as ``None`` (JSON)."""
+    return {
+        "nll": _finite(result["nll"]),
+        "accuracy": result["accuracy"],
+        "n_samples": result["n_samples"],
+        "error": result["error"],
+    }
+
+
+def _icl_record(model: LanguageModel, tokenizer: Any, cfg: EvalConfig) -> dict[str, Any]:
+    """The few-shot suite's mean centered accuracy and per-task scores; a task too long for
+    ``cfg.icl_max_tokens`` is skipped with its reason, and an ``error`` says when none fit."""
+    out = evaluate_icl(
+        model,
+        tokenizer,
+        cfg.icl_tasks,
+        n_items=cfg.icl_items,
+        max_tokens=cfg.icl_max_tokens,
+        seed=cfg.seed,
+        progress=False,
+    )
+    skipped = {t: f"{why} (raise --icl-max-tokens)" for t, why in out["skipped"].items()}
+    record = {"mean_centered": out["score"], "tasks": out["tasks"], "skipped": skipped}
+    if not out["tasks"]:
+        record["error"] = "no ICL task fits: " + "; ".join(skipped.values())
+    return record
+
+
+def _evaluations_not_run(cfg: EvalConfig) -> dict[str, str]:
+    """Why each whole evaluation that did not run was left out, so a report never shows a gap
+    without its reason."""
+    not_run = {
         name: f"disabled (--no-{name})"
         for name in ("ppl", "ruler", "icl")
         if not getattr(cfg, name)
     }
     if not cfg.core_bundle:
-        record["not_run"]["core"] = "no bundle (pass --core-bundle DIR, a local DCLM eval bundle)"
-    if cfg.core_bundle:
-        from rove.eval.core import evaluate_core
+        not_run["core"] = "no bundle (pass --core-bundle DIR, a local DCLM eval bundle)"
+    return not_run
 
-        record["core"] = evaluate_core(
-            model,
-            tokenizer,
-            cfg.core_bundle,
-            max_per_task=cfg.core_max_per_task,
-            progress=progress,
-        )
-    return record
+
+def _core_record(
+    model: LanguageModel, tokenizer: Any, bundle: str, cfg: EvalConfig, *, progress: bool
+) -> dict[str, Any]:
+    """DCLM CORE on the local eval ``bundle`` (the only evaluation that needs external data)."""
+    from rove.eval.core import evaluate_core
+
+    return evaluate_core(
+        model, tokenizer, bundle, max_per_task=cfg.core_max_per_task, progress=progress
+    )
 
 
 def _held_out_tokens(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,7 +38,7 @@ from rove.analysis.plots import (
     plot_plane_energy,
 )
 from rove.atomic import write_text_atomic
-from rove.model import GPT, POSITIONS, PRESETS, get_preset
+from rove.model import GPT, POSITIONS, PRESETS, GPTConfig, get_preset
 from rove.terminal import command
 
 __all__ = ["analyze", "build_parser", "main", "random_model"]
@@ -89,6 +90,33 @@ def _circuit_table(summary: CircuitSummary) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class _HeadAnalysis:
+    """What the figures and the report show about one head, all computed before anything is
+    written, so plotting and prose only format numbers."""
+
+    layer: int
+    head: int
+    config: GPTConfig
+    context: int  # training context: bounds the offsets shown, decides which planes are fast
+    n_tokens: int
+    attention: torch.Tensor  # (T, T): this head's attention weights
+    channels: int  # channels per token in the mixer figure
+    mixer: torch.Tensor  # (T * channels, T * channels): the head's mixer
+    bank: torch.Tensor  # the same with the attention replaced by ones
+    kernel_deltas: list[int]
+    kernels: torch.Tensor  # W_O R_delta W_V at each of kernel_deltas
+    defect_width: int  # channels the Kronecker defect is measured on
+    defect: float
+    error: float | None  # whole-layer reconstruction error; None when that mixer is too large
+    circuits: CircuitSummary | None  # None for a layer without rotary planes
+    rotates_values: bool  # RoVE; under RoPE only queries and keys are rotated
+
+    @property
+    def tag(self) -> str:
+        return f"layer {self.layer}, head {self.head}, pos={self.config.pos}"
+
+
 def analyze(
     source: str | Path | GPT,
     out_dir: str | Path,
@@ -113,47 +141,101 @@ def analyze(
     Returns:
         The path of ``report.md``.
     """
-    meta: dict  # the checkpoint's meta.json; empty for a model passed in
-    if isinstance(source, GPT):
-        model, meta, name = source.eval(), {}, "model passed in"
-    else:
-        from rove.checkpoint import load_model
-
-        model, meta = load_model(source)
-        name = str(meta.get("checkpoint", source))
-    cfg = model.config
-    if not 0 <= head < cfg.n_head:
-        raise ValueError(f"head {head} out of range: the model has {cfg.n_head} heads")
-    context = int(meta.get("train_len") or cfg.block_size)
+    model, meta, name = _load(source)
+    if not 0 <= head < model.config.n_head:
+        raise ValueError(f"head {head} out of range: the model has {model.config.n_head} heads")
     ids = tokens if tokens is not None else _tokens(model, meta, text, seq_len, seed)
-    ids = ids.reshape(-1).long()
+    found = _analyze_head(
+        model,
+        ids.reshape(-1).long(),
+        layer=layer,
+        head=head,
+        channels=channels,
+        context=int(meta.get("train_len") or model.config.block_size),
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _plot(found, out)
+    given = "given" if tokens is not None else "text" if text else f"random, seed {seed}"
+    report = out / "report.md"
+    write_text_atomic(report, "\n".join(_report_lines(found, name, given)) + "\n")
+    return report
+
+
+def _load(source: str | Path | GPT) -> tuple[GPT, dict, str]:
+    """(model in eval mode, its checkpoint's meta.json or ``{}`` for a model passed in, name)."""
+    if isinstance(source, GPT):
+        return source.eval(), {}, "model passed in"
+    from rove.checkpoint import load_model
+
+    model, meta = load_model(source)
+    return model, meta, str(meta.get("checkpoint", source))
+
+
+def _analyze_head(
+    model: GPT, ids: torch.Tensor, *, layer: int, head: int, channels: int, context: int
+) -> _HeadAnalysis:
+    """Run ``ids`` up to ``layer`` and take ``head`` apart, in float64."""
+    cfg = model.config
     positions = torch.arange(ids.shape[0])
     attn = layer_attention(model, layer)
     x = capture_input(model, ids, layer)  # (T, C), float64
-    weights = attention_weights(attn, x, positions)  # (H, T, T)
+    attention = attention_weights(attn, x, positions)[head]
     channels = min(channels, cfg.n_embd)
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    mixer = head_mixer(attn, head, weights[head], positions, channels)
-    bank = kernel_bank(attn, head, positions, channels)
-    tag = f"layer {layer}, head {head}, pos={cfg.pos}"
-    plot_mixer(weights[head], mixer, bank, channels, out / "mixer.png", title=tag)
-    deltas = [d for d in KERNEL_DELTAS if d <= 4 * context]
-    plot_offset_kernels(offset_kernels(attn, head, deltas), deltas, out / "offset_kernels.png")
+    kernel_deltas = [d for d in KERNEL_DELTAS if d <= 4 * context]
     defect_width = min(cfg.n_embd, 64)
-    defect = kronecker_defect(
-        head_mixer(attn, head, weights[head], positions, defect_width), len(ids), len(ids)
+    n = len(ids)
+    layer_mixer_fits = n * cfg.n_embd <= MAX_LAYER_MIXER
+    return _HeadAnalysis(
+        layer=layer,
+        head=head,
+        config=cfg,
+        context=context,
+        n_tokens=n,
+        attention=attention,
+        channels=channels,
+        mixer=head_mixer(attn, head, attention, positions, channels),
+        bank=kernel_bank(attn, head, positions, channels),
+        kernel_deltas=kernel_deltas,
+        kernels=offset_kernels(attn, head, kernel_deltas),
+        defect_width=defect_width,
+        defect=kronecker_defect(head_mixer(attn, head, attention, positions, defect_width), n, n),
+        error=reconstruction_error(attn, x, positions) if layer_mixer_fits else None,
+        circuits=None if attn.rotary is None else circuit_summary(attn, _deltas(context), context),
+        rotates_values=attn.mode == "rove",
     )
-    size = len(ids) * cfg.n_embd
-    error = reconstruction_error(attn, x, positions) if size <= MAX_LAYER_MIXER else None
 
+
+def _plot(found: _HeadAnalysis, out: Path) -> None:
+    """The PNG figures ``report.md`` links to."""
+    plot_mixer(
+        found.attention, found.mixer, found.bank, found.channels, out / "mixer.png", title=found.tag
+    )
+    plot_offset_kernels(found.kernels, found.kernel_deltas, out / "offset_kernels.png")
+    if found.circuits is not None:
+        plot_kernel_change(found.circuits, out / "kernel_change.png", head=found.head)
+        plot_plane_energy(found.circuits, found.head, out / "plane_energy.png")
+
+
+def _report_lines(found: _HeadAnalysis, name: str, given: str) -> list[str]:
+    """The markdown report: what was analysed, then a section per figure and what it shows."""
+    cfg = found.config
     lines = [
-        f"# RoVE analysis: {tag}",
+        f"# RoVE analysis: {found.tag}",
         "",
         f"Model: {name}; {cfg.n_layer} layers, {cfg.n_head} heads, width {cfg.n_embd}, "
-        f"training context {context}. Input: {len(ids)} tokens "
-        f"({'given' if tokens is not None else 'text' if text else f'random, seed {seed}'}).",
+        f"training context {found.context}. Input: {found.n_tokens} tokens ({given}).",
+        *_mixer_section(found),
+        *_offset_kernel_section(),
+    ]
+    if found.circuits is not None:
+        lines += _circuit_section(found.circuits, found.context, found.rotates_values)
+    return lines
+
+
+def _mixer_section(found: _HeadAnalysis) -> list[str]:
+    """The mixer figure, what its blocks are, and the two numbers that check the theory."""
+    lines = [
         "",
         "## Mixer matrix",
         "",
@@ -165,15 +247,19 @@ def analyze(
         "",
         "![mixer](mixer.png)",
         "",
-        f"- Kronecker defect of this head's mixer (first {defect_width} channels): "
-        f"**{defect:.3g}** (share of its norm outside the best `A' (x) B'`; 0 for RoPE/NoPE).",
+        f"- Kronecker defect of this head's mixer (first {found.defect_width} channels): "
+        f"**{found.defect:.3g}** (share of its norm outside the best `A' (x) B'`; 0 for RoPE/NoPE).",
     ]
-    if error is not None:
+    if found.error is not None:
         lines.append(
             f"- Reconstruction error `||M x + c - layer(x)|| / ||layer(x)||` of the whole "
-            f"layer: **{error:.2g}** (float64)."
+            f"layer: **{found.error:.2g}** (float64)."
         )
-    lines += [
+    return lines
+
+
+def _offset_kernel_section() -> list[str]:
+    return [
         "",
         "## Offset kernels",
         "",
@@ -182,34 +268,31 @@ def analyze(
         "",
         "![offset kernels](offset_kernels.png)",
     ]
-    if attn.rotary is not None:
-        summary = circuit_summary(attn, _deltas(context), context)
-        plot_kernel_change(summary, out / "kernel_change.png", head=head)
-        plot_plane_energy(summary, head, out / "plane_energy.png")
-        lines += [
-            "",
-            "## Circuits",
-            "",
-            "`change @ d` is `||psi_d - psi_0||_F / ||psi_0||_F` (0 under RoPE). A plane is "
-            f"*fast* when it turns at least once within the context ({context} tokens). A RoVE "
-            "head with value energy in fast planes has a strongly offset-dependent OV circuit; "
-            "one using only slow planes behaves like RoPE."
-            + (
-                " This is a RoPE layer: its value path is not rotated, so the W_V plane "
-                "energies only show what RoVE *would* rotate."
-                if attn.mode != "rove"
-                else ""
-            ),
-            "",
-            *_circuit_table(summary),
-            "",
-            "![kernel change](kernel_change.png)",
-            "",
-            "![plane energy](plane_energy.png)",
-        ]
-    report = out / "report.md"
-    write_text_atomic(report, "\n".join(lines) + "\n")
-    return report
+
+
+def _circuit_section(summary: CircuitSummary, context: int, rotates_values: bool) -> list[str]:
+    """How offset-dependent each head's OV circuit is, and which planes it uses."""
+    rope_note = (
+        ""
+        if rotates_values
+        else " This is a RoPE layer: its value path is not rotated, so the W_V plane "
+        "energies only show what RoVE *would* rotate."
+    )
+    return [
+        "",
+        "## Circuits",
+        "",
+        "`change @ d` is `||psi_d - psi_0||_F / ||psi_0||_F` (0 under RoPE). A plane is "
+        f"*fast* when it turns at least once within the context ({context} tokens). A RoVE "
+        "head with value energy in fast planes has a strongly offset-dependent OV circuit; "
+        "one using only slow planes behaves like RoPE." + rope_note,
+        "",
+        *_circuit_table(summary),
+        "",
+        "![kernel change](kernel_change.png)",
+        "",
+        "![plane energy](plane_energy.png)",
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:

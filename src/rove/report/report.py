@@ -86,9 +86,8 @@ def _group_value(run: dict, kind: str, length: int, group: str, field: str = "nl
 
 def _ruler_columns(runs: list[dict]) -> list[tuple[str, int, str]]:
     """(scaling, length, group) of every RULER group column present, in table order."""
-    kinds = list(dict.fromkeys(k for r in runs for k in r.get("ruler", {})))
     out = []
-    for kind in kinds:
+    for kind in _ruler_kinds(runs):
         for n in ruler_lengths(runs):
             present = {g for r in runs for g in ruler_groups(r).get(kind, {}).get(n, {})}
             out += [(kind, n, g) for g in [*RULER_GROUPS, "average"] if g in present]
@@ -196,7 +195,35 @@ def _ppl_notes(runs: list[dict]) -> list[str]:
 
 def _ruler_section(runs: list[dict]) -> list[str]:
     """Group columns (the paper's layout) per length, then per-variant detail and what did not run."""
-    lines = ["", "## RULER", ""]
+    return [
+        "",
+        "## RULER",
+        "",
+        *_ruler_reading_guide(runs),
+        *_ruler_coverage(runs),
+        *_ruler_group_tables(runs),
+        *_ruler_variant_tables(runs),
+        *_ruler_failures(runs),
+    ]
+
+
+def _ruler_kinds(runs: list[dict]) -> list[str]:
+    """The scalings RULER ran under (``none`` = plain), in first-seen order."""
+    return list(dict.fromkeys(k for r in runs for k in r.get("ruler", {})))
+
+
+def _with_scaling(label: str, kind: str) -> str:
+    return label + ("" if kind == "none" else f" +{kind}")
+
+
+def _ruler_variants_ran(runs: list[dict]) -> list[str]:
+    """Every task variant any run tried, under any scaling, sorted."""
+    return sorted({t.split(" +")[0] for r in runs for t in ruler_cells(r)})
+
+
+def _ruler_reading_guide(runs: list[dict]) -> list[str]:
+    """How to read the tables: samples per cell (few on CPU), why NLL is the metric, the groups."""
+    lines = []
     samples = sorted(
         {int(c["n_samples"]) for cells in (ruler_cells(r) for r in runs)
          for per in cells.values() for c in per.values() if c.get("n_samples")}
@@ -210,13 +237,21 @@ def _ruler_section(runs: list[dict]) -> list[str]:
             "better) is the informative metric (`+yarn`: YaRN applied at inference)."
         )
     groups = "; ".join(f"{g} = mean of {', '.join(m)}" for g, m in RULER_GROUPS.items())
-    lines += [
+    return [
+        *lines,
         "",
         f"Groups (the paper's columns): {groups}; each group averages the variants that ran, "
         "unweighted; average = unweighted mean of the groups with a value.",
         "",
     ]
-    ran = sorted({t.split(" +")[0] for r in runs for t in ruler_cells(r)})
+
+
+def _ruler_coverage(runs: list[dict]) -> list[str]:
+    """Which of the RULER tasks were measured, and why each other one was not, by reason.
+
+    A task that ran but never produced an NLL counts as not measured: its cells' errors are
+    listed under "Not measured" at the end of the section.
+    """
     measured = {
         t.split(" +")[0]
         for r in runs
@@ -224,13 +259,13 @@ def _ruler_section(runs: list[dict]) -> list[str]:
         if any(c.get("nll") is not None for c in cells.values())
     }
     not_run = {t: why for r in runs for t, why in r.get("ruler_not_run", {}).items()}
-    for t in set(ran) - measured:
+    for t in set(_ruler_variants_ran(runs)) - measured:
         not_run[t] = "tried, never measured: see below"
     by_reason: dict[str, list[str]] = {}
     for t in RULER_TASKS:
         if t not in measured:
             by_reason.setdefault(not_run.get(t, "not run"), []).append(t)
-    lines += [
+    lines = [
         f"Tasks measured ({len(measured)} of the {len(RULER_TASKS)} RULER tasks): "
         f"{', '.join(t for t in RULER_TASKS if t in measured) or 'none'}."
         + "".join(f" Not run, {why}: {', '.join(ts)}." for why, ts in by_reason.items()),
@@ -243,12 +278,19 @@ def _ruler_section(runs: list[dict]) -> list[str]:
             "QA not run: no local SQuAD / HotpotQA files (`rove eval --squad/--hotpotqa`).",
             "",
         ]
-    kinds = list(dict.fromkeys(k for r in runs for k in r.get("ruler", {})))
+    return lines
+
+
+def _ruler_group_tables(runs: list[dict]) -> list[str]:
+    """The paper's group columns, one table per metric (NLL, then accuracy) and length, a row
+    per method and scaling; the columns are the groups present under the first scaling."""
+    kinds = _ruler_kinds(runs)
+    lines = []
     for field, title in (("nll", "answer NLL, lower is better"), ("accuracy", "greedy accuracy")):
         for n in ruler_lengths(runs):
             cols = [g for k, m, g in _ruler_columns(runs) if m == n and k == kinds[0]]
             rows = [
-                [label + ("" if kind == "none" else f" +{kind}")]
+                [_with_scaling(label, kind)]
                 + [
                     _cell(
                         runs,
@@ -266,33 +308,43 @@ def _ruler_section(runs: list[dict]) -> list[str]:
                 *_table(["method", *cols], rows),
                 "",
             ]
+    return lines
+
+
+def _ruler_variant_tables(runs: list[dict]) -> list[str]:
+    """Answer NLL of every task variant, one table per length, a column per method and scaling."""
+    heads = [(label, kind) for kind in _ruler_kinds(runs) for label in _labels(runs)]
+    header = ["variant", *[_with_scaling(label, kind) for label, kind in heads]]
+    lines = []
     for n in ruler_lengths(runs):
-        heads = [(label, kind) for kind in kinds for label in _labels(runs)]
         rows = [
             [task]
             + [
                 _cell(runs, label, _value_at("ruler", kind, task, str(n), "nll"))
                 for label, kind in heads
             ]
-            for task in ran
+            for task in _ruler_variants_ran(runs)
         ]
-        header = ["variant", *[lab + ("" if k == "none" else f" +{k}") for lab, k in heads]]
         lines += [f"Per-variant answer NLL at {n} tokens:", "", *_table(header, rows), ""]
-    why: dict[tuple[str, str], list[str]] = {}  # (task@length, reason) -> scalings
+    return lines
+
+
+def _ruler_failures(runs: list[dict]) -> list[str]:
+    """One line per failed ``task@length`` and reason, naming the scalings it failed under."""
+    scalings: dict[tuple[str, str], list[str]] = {}  # (task@length, reason) -> scalings
     for r in runs:
-        for k, tasks in r.get("ruler", {}).items():
-            for t, cells in tasks.items():
-                for m, c in cells.items():
+        for kind, tasks in r.get("ruler", {}).items():
+            for task, cells in tasks.items():
+                for n, c in cells.items():
                     if c.get("error"):
-                        seen = why.setdefault((f"{t}@{m}", c["error"]), [])
-                        seen += [] if k in seen else [k]
+                        seen = scalings.setdefault((f"{task}@{n}", c["error"]), [])
+                        if kind not in seen:
+                            seen.append(kind)
     failed = [
         f"- {cell} ({', '.join('plain' if k == 'none' else '+' + k for k in ks)}): {reason}"
-        for (cell, reason), ks in why.items()
+        for (cell, reason), ks in scalings.items()
     ]
-    if failed:
-        lines += ["Not measured:", "", *failed, ""]
-    return lines
+    return ["Not measured:", "", *failed, ""] if failed else []
 
 
 CHANCE_BAND = 0.05  # centered accuracies closer to 0 than this count as chance level
