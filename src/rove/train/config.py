@@ -197,7 +197,23 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the offending field; ``None`` sentinels are accepted."""
+        """Raise ``ValueError`` naming the offending field; ``None`` sentinels are accepted.
+
+        The order is deliberate: the model is built only once the fields it reads (preset,
+        pos, seq_len, overrides) are known to be sound, so a bad field is named as itself
+        rather than as a model error.
+        """
+        self._check_choices()
+        self._check_override_names()
+        self._check_counts()
+        self._check_optimizer()
+        self._check_system()
+        self._check_outputs()
+        self._check_model()
+        self._check_warmup()
+
+    def _check_choices(self) -> None:
+        """Fields that name one of a fixed set of options, and the corpus."""
         _choice("preset", self.preset, tuple(PRESETS))
         _choice("pos", self.pos, POSITIONS)
         _choice("schedule", self.schedule, SCHEDULES)
@@ -208,6 +224,9 @@ class TrainConfig:
             _choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.data is not None and (not isinstance(self.data, str) or not self.data):
             raise ValueError(f"data must be a corpus name or path, got {self.data!r}")
+
+    def _check_override_names(self) -> None:
+        """``model_overrides`` is a dict and leaves alone the fields the run derives itself."""
         if not isinstance(self.model_overrides, dict):
             raise ValueError(f"model_overrides must be a dict, got {self.model_overrides!r}")
         derived = sorted(set(self.model_overrides) & set(DERIVED_MODEL_FIELDS))
@@ -216,6 +235,9 @@ class TrainConfig:
                 f"model_overrides may not set {derived}: vocab_size comes from the tokenizer, "
                 "block_size from seq_len and pos from the pos field"
             )
+
+    def _check_counts(self) -> None:
+        """Lengths, batch sizes, intervals and the seed: ints (``True`` is not a count)."""
         for name in ("seq_len", "tokens_per_step", "micro_batch", "max_steps", "token_budget"):
             _positive_int(name, getattr(self, name), optional=True)
         _positive_int("data_max_tokens", self.data_max_tokens, optional=True)
@@ -224,6 +246,9 @@ class TrainConfig:
         _positive_int("eval_tokens", self.eval_tokens, optional=True)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
+
+    def _check_optimizer(self) -> None:
+        """The learning rate, schedule ratios, AdamW betas, weight decay and clipping."""
         if self.lr is not None and not (_finite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
         for name, lo, hi in (
@@ -239,6 +264,9 @@ class TrainConfig:
             value = getattr(self, name)
             if not (_finite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    def _check_system(self) -> None:
+        """``compile`` and ``device``; a device string is parsed, not looked for."""
         if self.compile is not None and not isinstance(self.compile, bool):
             raise ValueError(f"compile must be a bool or None (auto), got {self.compile!r}")
         if self.device != "auto":
@@ -249,6 +277,13 @@ class TrainConfig:
                     f"device must be 'auto' or a torch device such as 'cpu' or 'cuda', "
                     f"got {self.device!r}"
                 ) from None
+
+    def _check_outputs(self) -> None:
+        """Where the run writes: loggers, folders and names.
+
+        ``run_name`` must stay one folder inside ``out_dir``: a path in it would let a run
+        write, or resume, somewhere else.
+        """
         if not isinstance(self.loggers, list) or any(x not in LOGGERS for x in self.loggers):
             raise ValueError(f"loggers must be a list drawn from {LOGGERS}, got {self.loggers!r}")
         for name in ("out_dir", "wandb_project"):
@@ -263,25 +298,32 @@ class TrainConfig:
                 f"run_name must be a folder name inside out_dir (no '/', '\\', '.' or '..'), "
                 f"got {self.run_name!r}"
             )
+
+    def _check_model(self) -> None:
+        """The model the overrides give builds, with a usable RoPE base, before any run starts."""
         try:
             model = build_model_config(self, vocab_size=VOCAB_MULTIPLE)
         except (TypeError, ValueError) as err:
             raise ValueError(f"model_overrides: {err}") from None
         if not (_finite(model.rope_base) and model.rope_base > 0):
             raise ValueError(f"rope_base must be a positive finite number, got {model.rope_base!r}")
-        if self.max_steps is not None and self.warmup_steps is not None:
-            if self.schedule == "wsd":
-                decay_start = self.max_steps - round(self.decay_fraction * self.max_steps)
-                if self.warmup_steps > decay_start:
-                    raise ValueError(
-                        f"warmup_steps ({self.warmup_steps}) must end before the wsd decay "
-                        f"starts at step {decay_start} (max_steps {self.max_steps}, "
-                        f"decay_fraction {self.decay_fraction})"
-                    )
-            elif self.warmup_steps > self.max_steps:
+
+    def _check_warmup(self) -> None:
+        """Warm-up ends within the run, and under wsd before the decay starts."""
+        if self.max_steps is None or self.warmup_steps is None:
+            return
+        if self.schedule == "wsd":
+            decay_start = self.max_steps - round(self.decay_fraction * self.max_steps)
+            if self.warmup_steps > decay_start:
                 raise ValueError(
-                    f"warmup_steps ({self.warmup_steps}) must be <= max_steps ({self.max_steps})"
+                    f"warmup_steps ({self.warmup_steps}) must end before the wsd decay "
+                    f"starts at step {decay_start} (max_steps {self.max_steps}, "
+                    f"decay_fraction {self.decay_fraction})"
                 )
+        elif self.warmup_steps > self.max_steps:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) must be <= max_steps ({self.max_steps})"
+            )
 
     # ------------------------------------------------------------------ resolution
     def resolve(self) -> ResolvedTrainConfig:

@@ -39,6 +39,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,7 +71,7 @@ from rove.data import (
     verify_data_identity,
 )
 from rove.lock import FolderLock, FolderLockedError, acquire
-from rove.model import GPT
+from rove.model import GPT, GPTConfig
 from rove.precision import autocast_dtype, describe_precision
 from rove.terminal import interactive
 from rove.train.config import (
@@ -377,6 +378,55 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# ---------------------------------------------------------------------------- run state
+@dataclass(frozen=True)
+class _RunData:
+    """The prepared data a run trains on, with the identities recorded alongside it."""
+
+    dir: Path
+    identity: dict  # rove.data.data_identity: each validation and `rove eval` check it
+    tokenizer: dict  # the tokenizer's identity: the data's and any checkpoint's must match
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The parts of a run that its steps share, built once before the loop."""
+
+    cfg: ResolvedTrainConfig
+    info: DistInfo
+    dir: Path
+    data: _RunData
+    model_cfg: GPTConfig
+    amp: torch.dtype | None
+    grad_accum: int
+    raw: GPT  # unwrapped (sharded under FSDP): checkpoints and parameter counts read it
+    optimizer: torch.optim.AdamW
+    loader: TokenLoader
+    flops_per_token: float
+    peak_flops: float | None  # None: MFU is not reported
+    started: float  # perf_counter() when the call began: wall time and log lines count from it
+
+    def cpu_twin(self) -> tuple[GPT, torch.optim.Optimizer]:
+        """An unsharded CPU model and optimizer: FSDP state is gathered into it to be saved."""
+        twin = GPT(self.model_cfg)
+        return twin, configure_optimizer(twin, self.cfg, torch.device("cpu"))
+
+
+@dataclass
+class _Progress:
+    """The loop's mutable state; a resumed run starts it from its checkpoint."""
+
+    step: int = 0
+    elapsed_before: float = 0.0  # wall time of the sessions before a resume
+    last_ckpt: Path | None = None  # named in errors: the newest state to go back to
+    first_step: int = 0  # this session's first step (a resumed run's: its checkpoint's)
+    loop_start: float = 0.0  # perf_counter() at first_step: the ETA's pace counts from it
+    train_time: float = 0.0  # seconds of the timed steps, for the summary's tokens/s
+    timed_tokens: int = 0
+    rate: float | None = None  # smoothed tokens/s, for the bar and the log lines
+    last_val: float | None = None  # newest validation loss, for the bar
+
+
 # ---------------------------------------------------------------------------- train
 def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> Path:
     """Train a model as ``cfg`` says and return the run directory.
@@ -399,33 +449,80 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
 
 
 def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: bool) -> Path:
+    """:func:`train` inside the run folder's lock, as a sequence of steps.
+
+    Their order is part of the behaviour: a resume is checked before any data is prepared,
+    and every rank, fresh or resumed, seeds, builds, restores and meets the collectives in the
+    same sequence (what bit-exact resume relies on).
+    """
     started = time.perf_counter()
+    grad_accum = cfg.grad_accum_steps(info.world_size)  # a batch that does not divide fails first
+    run_dir = Path(cfg.out_dir) / cfg.run_name
+    ckpt = _start_point(run_dir, cfg, resume)
+    data = _prepare_run_data(cfg, info, progress)
+    run = _build_run(cfg, info, run_dir, data, grad_accum, ckpt, started)
+    state = _resume_state(run, ckpt) if ckpt is not None else _Progress()
+    del ckpt  # restored: free its copy of the weights and optimizer state before training
+    if state.step >= cfg.max_steps and (run_dir / run_files.SUMMARY).is_file():
+        return run_dir  # resuming a finished run: nothing to do
+    compiled, model = _compile_and_wrap(run)
+    _write_run_config(run)
     # a bar only on a terminal (in a file it is \r noise); otherwise one log line per validation
     show_bar = progress and info.is_main and interactive()
-    grad_accum = cfg.grad_accum_steps(info.world_size)
-    run_dir = Path(cfg.out_dir) / cfg.run_name
-    ckpt = _resume_point(run_dir, cfg) if resume else None
-    latest = ckpt.path if ckpt is not None else None
-    if not resume and (
-        (run_dir / run_files.CHECKPOINTS).exists() or (run_dir / run_files.METRICS).exists()
-    ):
+    _train_steps(run, state, model, compiled, show_bar=show_bar)
+    _write_run_summary(run, state)
+    barrier(info)
+    return run_dir
+
+
+# ---------------------------------------------------------------------------- run set-up
+def _start_point(run_dir: Path, cfg: TrainConfig, resume: bool) -> Checkpoint | None:
+    """The checkpoint to resume from, or None to start at step 0.
+
+    Checked before any data is prepared (hours at scale); without ``resume`` a run folder
+    that already holds a run is refused rather than overwritten.
+    """
+    if resume:
+        return _resume_point(run_dir, cfg)
+    if (run_dir / run_files.CHECKPOINTS).exists() or (run_dir / run_files.METRICS).exists():
         raise FileExistsError(
             f"{run_dir} already holds a run; resume it (resume=True, --resume) or choose "
             "another run_name / out_dir"
         )
-    data_dir, tok_identity = _prepare_data(cfg, info, progress)
-    data = data_identity(data_dir)  # recorded with the run; `rove eval` checks it
-    # the fixed val windows must exist now, not only when the first validation runs
+    return None
+
+
+def _prepare_run_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> _RunData:
+    """The run's data, prepared if need be. Its fixed val windows are built now, so a split
+    too short for one fails before training, not at the first validation (maybe the last)."""
+    data_dir, tokenizer = _prepare_data(cfg, info, progress)
+    identity = data_identity(data_dir)
     TokenLoader(data_dir, "val", cfg.micro_batch, cfg.seq_len, world_size=info.world_size)
-    model_cfg = build_model_config(cfg, vocab_size=tok_identity["vocab_size"])
+    return _RunData(data_dir, identity, tokenizer)
+
+
+def _build_run(
+    cfg: ResolvedTrainConfig,
+    info: DistInfo,
+    run_dir: Path,
+    data: _RunData,
+    grad_accum: int,
+    ckpt: Checkpoint | None,
+    started: float,
+) -> _Run:
+    """Seed, then build the model (with ``ckpt``'s weights), train loader and optimizer.
+
+    The weights go into the CPU model before it is placed and sharded; the rest of ``ckpt``
+    (optimizer, loader position, RNG) is restored by :func:`_resume_state`.
+    """
+    model_cfg = build_model_config(cfg, vocab_size=data.tokenizer["vocab_size"])
     amp = autocast_dtype(cfg.dtype, info.device)
     if info.is_main:
         log.info(describe_precision(cfg.dtype, info.device))
-
     _seed_everything(cfg.seed)
     raw = GPT(model_cfg)
     loader = TokenLoader(
-        data_dir,
+        data.dir,
         "train",
         cfg.micro_batch,
         cfg.seq_len,
@@ -433,227 +530,328 @@ def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: 
         world_size=info.world_size,
         seed=cfg.seed,
     )
-    step, elapsed_before = 0, 0.0
     if ckpt is not None:
-        recorded = ckpt.meta.get("data")
-        if isinstance(recorded, dict) and recorded["manifest_sha256"] != data["manifest_sha256"]:
-            raise ValueError(
-                f"cannot resume {latest}: its data ({recorded['dir']}) differ from {data['dir']} "
-                "now (manifest hash); resume on the dataset the run started with"
-            )
-        check_tokenizer_identity(ckpt.meta["tokenizer"], tok_identity, f"checkpoint {latest}")
+        _check_resume_data(ckpt, data)
         restore_model(raw, ckpt)
     raw.to(info.device)
     if cfg.parallel == "fsdp":
         shard_fsdp(raw, info)
+    return _Run(
+        cfg=cfg,
+        info=info,
+        dir=run_dir,
+        data=data,
+        model_cfg=model_cfg,
+        amp=amp,
+        grad_accum=grad_accum,
+        raw=raw,
+        optimizer=configure_optimizer(raw, cfg, info.device),
+        loader=loader,
+        flops_per_token=raw.flops_per_token(cfg.seq_len),
+        peak_flops=peak_bf16_flops(info.device) if amp is not None else None,
+        started=started,
+    )
 
-    def cpu_twin() -> tuple[GPT, torch.optim.Optimizer]:  # unsharded stand-in for checkpoints
-        twin = GPT(model_cfg)
-        return twin, configure_optimizer(twin, cfg, torch.device("cpu"))
 
-    optimizer = configure_optimizer(raw, cfg, info.device)
-    if ckpt is not None:
-        assert ckpt.optimizer_state is not None  # resume_checkpoint loads it
-        load_optimizer_state(raw, optimizer, ckpt.optimizer_state, cpu_twin)
-        loader.load_state_dict(ckpt.meta["loader"])
-        rng = ckpt.meta["rng"]
-        restore_rng(rng[info.rank] if len(rng) == info.world_size else rng[0])
-        step, elapsed_before = ckpt.meta["step"], float(ckpt.meta.get("elapsed_s", 0.0))
-        log.info("resuming %s from step %d", run_dir, step)
-        del ckpt
-    if step >= cfg.max_steps and (run_dir / run_files.SUMMARY).is_file():
-        return run_dir  # resuming a finished run: nothing to do
-    # torch.compile of a module returns an OptimizedModule; its stubs say only Callable
-    compiled: torch.nn.Module = torch.compile(raw) if cfg.compile else raw  # type: ignore[assignment]
-    model = wrap_ddp(compiled, info) if cfg.parallel == "ddp" else compiled
+def _check_resume_data(ckpt: Checkpoint, data: _RunData) -> None:
+    """Refuse to resume on other data or another tokenizer than the checkpoint was trained on."""
+    recorded = ckpt.meta.get("data")
+    now = data.identity
+    if isinstance(recorded, dict) and recorded["manifest_sha256"] != now["manifest_sha256"]:
+        raise ValueError(
+            f"cannot resume {ckpt.path}: its data ({recorded['dir']}) differ from {now['dir']} "
+            "now (manifest hash); resume on the dataset the run started with"
+        )
+    check_tokenizer_identity(ckpt.meta["tokenizer"], data.tokenizer, f"checkpoint {ckpt.path}")
+
+
+def _resume_state(run: _Run, ckpt: Checkpoint) -> _Progress:
+    """Restore ``ckpt``'s optimizer state, loader position and this rank's RNG states, and
+    start the loop at its step: what makes a resumed run repeat the uninterrupted one."""
+    assert ckpt.optimizer_state is not None  # resume_checkpoint loads it
+    load_optimizer_state(run.raw, run.optimizer, ckpt.optimizer_state, run.cpu_twin)
+    run.loader.load_state_dict(ckpt.meta["loader"])
+    rng = ckpt.meta["rng"]
+    restore_rng(rng[run.info.rank] if len(rng) == run.info.world_size else rng[0])
+    step, elapsed_before = ckpt.meta["step"], float(ckpt.meta.get("elapsed_s", 0.0))
+    log.info("resuming %s from step %d", run.dir, step)
+    return _Progress(step=step, elapsed_before=elapsed_before, last_ckpt=ckpt.path)
+
+
+def _compile_and_wrap(run: _Run) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the module validation runs, the one training steps run): compiled, then DDP-wrapped."""
+    compiled: torch.nn.Module = run.raw
+    if run.cfg.compile:
+        # torch.compile of a module returns an OptimizedModule; its stubs say only Callable
+        compiled = torch.compile(run.raw)  # type: ignore[assignment]
+    model = wrap_ddp(compiled, run.info) if run.cfg.parallel == "ddp" else compiled
     model.train()
+    return compiled, model
 
-    barrier(info)  # every rank has checked the run directory before rank 0 writes to it
-    if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+
+def _write_run_config(run: _Run) -> None:
+    """Rank 0 writes ``config.json``: what the run is, for resume checks, compare and eval."""
+    barrier(run.info)  # every rank has checked the run directory before rank 0 writes to it
+    if run.info.is_main:
+        run.dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(
-            run_dir / run_files.CONFIG,
+            run.dir / run_files.CONFIG,
             {
-                "train": cfg.to_dict(),
-                "fingerprint": run_fingerprint(cfg.to_dict()),  # what compare checks reuse by
-                "model": model_cfg.to_dict(),
-                "tokenizer": tok_identity,
-                "data_dir": data["dir"],
-                "data": data,
-                "world_size": info.world_size,
-                "grad_accum": grad_accum,
+                "train": run.cfg.to_dict(),
+                "fingerprint": run_fingerprint(run.cfg.to_dict()),  # what compare reuses by
+                "model": run.model_cfg.to_dict(),
+                "tokenizer": run.data.tokenizer,
+                "data_dir": run.data.identity["dir"],
+                "data": run.data.identity,
+                "world_size": run.info.world_size,
+                "grad_accum": run.grad_accum,
             },
         )
+
+
+# ---------------------------------------------------------------------------- the loop
+def _train_steps(
+    run: _Run,
+    state: _Progress,
+    model: torch.nn.Module,
+    compiled: torch.nn.Module,
+    *,
+    show_bar: bool,
+) -> None:
+    """Validate at step 0, then step to ``max_steps``, validating and checkpointing when due.
+
+    Every step's record goes to the metrics logger; a SIGTERM or SIGINT ends the loop after
+    the step, with a checkpoint (``TrainingInterrupted``).
+    """
+    cfg, info = run.cfg, run.info
+    log_lines = info.is_main and not show_bar
     metrics = MetricsLogger(
-        run_dir,
+        run.dir,
         enabled=info.is_main,
         loggers=cfg.loggers,
         run_name=cfg.run_name,
         config=cfg.to_dict(),
         wandb_project=cfg.wandb_project,
-        resume_step=step if latest is not None else None,
+        resume_step=state.step if state.last_ckpt is not None else None,  # resumed from it
     )
     bar = tqdm(
         total=cfg.max_steps,
-        initial=step,
+        initial=state.step,
         desc=cfg.run_name,
         unit="step",
         disable=not show_bar,
         dynamic_ncols=True,
     )
-    flops_per_token = raw.flops_per_token(cfg.seq_len)
-    peak = peak_bf16_flops(info.device) if amp is not None else None
-    last_ckpt = latest
-
-    def checkpoint(at: int, elapsed: float) -> Path | None:
-        rng_states = all_gather_objects(capture_rng(), info)
-        full_model, full_optimizer = unsharded_copy(raw, optimizer, cpu_twin, info)
-        path = None
-        if info.is_main:
-            path = save_checkpoint(
-                run_dir / run_files.CHECKPOINTS,
-                step=at,
-                model=full_model,
-                optimizer=full_optimizer,
-                tokens=at * cfg.tokens_per_step,
-                train_config=cfg.to_dict(),
-                tokenizer=tok_identity,
-                extra={
-                    "loader": loader.state_dict(),
-                    "rng": rng_states,
-                    "world_size": info.world_size,
-                    "elapsed_s": elapsed,
-                    "data": data,
-                },
-                keep=cfg.keep_checkpoints,
-            )
-        barrier(info)
-        return path
-
-    def validate(at: int) -> float:
-        verify_data_identity(data, data_dir)  # the val set must not change under a running job
-        value = evaluate(compiled, data_dir, cfg, info, amp)
-        if not math.isfinite(value):
-            raise NonFiniteLossError(
-                f"non-finite validation loss ({value}) at step {at} of {run_dir}; "
-                f"no checkpoint of this state was written (last: {last_ckpt or 'none'})"
-            )
-        return value
-
-    train_time, timed_tokens, rate = 0.0, 0, None
     stop = _StopOnSignal()
     stop.install()
     try:
-        if step == 0 and cfg.eval_interval > 0:
-            val0 = validate(0)
-            metrics.log({"step": 0, "tokens": 0, "val_loss": val0})
-            if info.is_main and not show_bar:
-                log.info(eval_line(0, cfg.max_steps, loss=None, val_loss=val0, tok_per_s=None,
-                                   elapsed_s=time.perf_counter() - started, eta_s=None))  # fmt: skip
-        first_step, loop_start = step, time.perf_counter()
-        last_val: float | None = None
-        while step < cfg.max_steps:
-            lr = cfg.lr * lr_multiplier(
-                step,
-                schedule=cfg.schedule,
-                max_steps=cfg.max_steps,
-                warmup_steps=cfg.warmup_steps,
-                min_ratio=cfg.min_lr_ratio,
-                decay_fraction=cfg.decay_fraction,
-                decay_shape=cfg.decay_shape,
-            )
-            t0 = time.perf_counter()
-            try:
-                loss, norm = train_step(
-                    model,
-                    optimizer,
-                    loader.next_batch,
-                    grad_accum=grad_accum,
-                    lr=lr,
-                    grad_clip=cfg.grad_clip,
-                    amp=amp,
-                    info=info,
-                )
-            except NonFiniteLossError as err:
-                raise NonFiniteLossError(
-                    f"{err} at step {step} (lr {lr:.3g}) of {run_dir}; the optimizer step was "
-                    f"not taken and no checkpoint of this state was written (last: "
-                    f"{last_ckpt or 'none'}). Lower lr, keep grad_clip on, or try dtype fp32."
-                ) from None
-            dt = time.perf_counter() - t0
-            step += 1
-            if step > first_step + 1 or cfg.max_steps - first_step == 1:  # skip warm-up step
-                train_time, timed_tokens = train_time + dt, timed_tokens + cfg.tokens_per_step
-            tok_s = cfg.tokens_per_step / dt
-            rate = tok_s if rate is None else 0.9 * rate + 0.1 * tok_s
-            record = {
-                "step": step,
-                "tokens": step * cfg.tokens_per_step,
-                "loss": loss,
-                "lr": lr,
-                "grad_norm": norm,
-                "dt_ms": 1000 * dt,
-                "tok_per_s": tok_s,
-            }
-            util = mfu(flops_per_token, tok_s / info.world_size, peak)
-            if util is not None:
-                record["mfu"] = util
-            if step == cfg.max_steps or (cfg.eval_interval and step % cfg.eval_interval == 0):
-                record["val_loss"] = validate(step)
-                if info.is_main and not show_bar:
-                    per_step = (time.perf_counter() - loop_start) / (step - first_step)
-                    log.info(eval_line(step, cfg.max_steps, loss=loss, val_loss=record["val_loss"],
-                                       tok_per_s=rate, elapsed_s=time.perf_counter() - started,
-                                       eta_s=per_step * (cfg.max_steps - step)))  # fmt: skip
+        if state.step == 0 and cfg.eval_interval > 0:  # the untrained model starts the curve
+            val_loss = _validate(run, compiled, 0, state.last_ckpt)
+            record: dict[str, float] = {"step": 0, "tokens": 0, "val_loss": val_loss}
             metrics.log(record)
-            signum = stop.requested(info) if step < cfg.max_steps else 0
-            if (
-                step == cfg.max_steps
-                or signum
-                or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
-            ):
-                elapsed = elapsed_before + time.perf_counter() - started
-                last_ckpt = checkpoint(step, elapsed) or last_ckpt
-            if signum:
-                raise TrainingInterrupted(signum, step, last_ckpt)
-            postfix = {"loss": f"{loss:.4f}", "tok/s": f"{rate:,.0f}"}
-            last_val = record.get("val_loss", last_val)
-            if last_val is not None:
-                postfix["val"] = f"{last_val:.4f}"
-            if util is not None:
-                postfix["mfu"] = f"{100 * util:.1f}%"
-            bar.set_postfix(postfix, refresh=False)
-            bar.update(1)
+            if log_lines:
+                log.info(_progress_line(run, state, record))
+        state.first_step, state.loop_start = state.step, time.perf_counter()
+        while state.step < cfg.max_steps:
+            record = _take_step(run, state, model)
+            if _due(state.step, cfg.eval_interval, cfg.max_steps):
+                record["val_loss"] = _validate(run, compiled, state.step, state.last_ckpt)
+                if log_lines:
+                    log.info(_progress_line(run, state, record))
+            metrics.log(record)
+            _checkpoint_or_stop(run, state, stop)
+            _show_progress(bar, state, record)
     finally:
         stop.restore()
         bar.close()
         metrics.close()
-    wall = elapsed_before + time.perf_counter() - started
+
+
+def _lr_at(cfg: ResolvedTrainConfig, step: int) -> float:
+    """The learning rate of ``step``: a function of the step alone, so resuming needs no state."""
+    return cfg.lr * lr_multiplier(
+        step,
+        schedule=cfg.schedule,
+        max_steps=cfg.max_steps,
+        warmup_steps=cfg.warmup_steps,
+        min_ratio=cfg.min_lr_ratio,
+        decay_fraction=cfg.decay_fraction,
+        decay_shape=cfg.decay_shape,
+    )
+
+
+def _take_step(run: _Run, state: _Progress, model: torch.nn.Module) -> dict[str, float]:
+    """One optimizer step: advances ``state`` and returns the step's metrics record.
+
+    A non-finite loss or gradient norm is re-raised naming the step and the last checkpoint.
+    """
+    cfg, step = run.cfg, state.step
+    lr = _lr_at(cfg, step)
+    t0 = time.perf_counter()
+    try:
+        loss, norm = train_step(
+            model,
+            run.optimizer,
+            run.loader.next_batch,
+            grad_accum=run.grad_accum,
+            lr=lr,
+            grad_clip=cfg.grad_clip,
+            amp=run.amp,
+            info=run.info,
+        )
+    except NonFiniteLossError as err:
+        raise NonFiniteLossError(
+            f"{err} at step {step} (lr {lr:.3g}) of {run.dir}; the optimizer step was "
+            f"not taken and no checkpoint of this state was written (last: "
+            f"{state.last_ckpt or 'none'}). Lower lr, keep grad_clip on, or try dtype fp32."
+        ) from None
+    dt = time.perf_counter() - t0
+    state.step += 1
+    # this session's first step (compilation, allocator warm-up) is left out of the timing
+    if state.step > state.first_step + 1 or cfg.max_steps - state.first_step == 1:
+        state.train_time += dt
+        state.timed_tokens += cfg.tokens_per_step
+    tok_s = cfg.tokens_per_step / dt
+    state.rate = tok_s if state.rate is None else 0.9 * state.rate + 0.1 * tok_s
+    record: dict[str, float] = {
+        "step": state.step,
+        "tokens": state.step * cfg.tokens_per_step,
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": norm,
+        "dt_ms": 1000 * dt,
+        "tok_per_s": tok_s,
+    }
+    util = mfu(run.flops_per_token, tok_s / run.info.world_size, run.peak_flops)
+    if util is not None:
+        record["mfu"] = util
+    return record
+
+
+def _due(step: int, interval: int, max_steps: int) -> bool:
+    """Whether a validation or checkpoint is due after ``step``: every ``interval`` steps
+    (0: never) and after the last."""
+    return step == max_steps or (interval > 0 and step % interval == 0)
+
+
+def _validate(run: _Run, compiled: torch.nn.Module, at: int, last_ckpt: Path | None) -> float:
+    """The validation loss at step ``at``; raises if the data changed or the loss is not finite."""
+    verify_data_identity(run.data.identity, run.data.dir)  # not under a running job
+    value = evaluate(compiled, run.data.dir, run.cfg, run.info, run.amp)
+    if not math.isfinite(value):
+        raise NonFiniteLossError(
+            f"non-finite validation loss ({value}) at step {at} of {run.dir}; "
+            f"no checkpoint of this state was written (last: {last_ckpt or 'none'})"
+        )
+    return value
+
+
+def _progress_line(run: _Run, state: _Progress, record: dict[str, float]) -> str:
+    """A validation's log line, the bar's stand-in off a terminal.
+
+    The ETA comes from this session's pace, so before its first step there is none (nor a
+    loss or speed).
+    """
+    max_steps, done = run.cfg.max_steps, state.step - state.first_step
+    per_step = (time.perf_counter() - state.loop_start) / done if done else None
+    return eval_line(
+        state.step,
+        max_steps,
+        loss=record.get("loss"),
+        val_loss=record["val_loss"],
+        tok_per_s=state.rate,
+        elapsed_s=time.perf_counter() - run.started,
+        eta_s=per_step * (max_steps - state.step) if per_step is not None else None,
+    )
+
+
+def _checkpoint_or_stop(run: _Run, state: _Progress, stop: _StopOnSignal) -> None:
+    """Checkpoint when due or when a signal asks to stop, then raise ``TrainingInterrupted``
+    for the signal. After the last step no signal is asked for: the run is done anyway."""
+    cfg = run.cfg
+    signum = stop.requested(run.info) if state.step < cfg.max_steps else 0
+    if signum or _due(state.step, cfg.checkpoint_interval, cfg.max_steps):
+        elapsed = state.elapsed_before + time.perf_counter() - run.started
+        state.last_ckpt = _save(run, state.step, elapsed) or state.last_ckpt
+    if signum:
+        raise TrainingInterrupted(signum, state.step, state.last_ckpt)
+
+
+def _save(run: _Run, at: int, elapsed: float) -> Path | None:
+    """Checkpoint step ``at`` with every rank's RNG states; rank 0 writes it and returns its path.
+
+    Under FSDP the shards are gathered into an unsharded CPU copy first (collective: every
+    rank takes part).
+    """
+    info, cfg = run.info, run.cfg
+    rng_states = all_gather_objects(capture_rng(), info)
+    full_model, full_optimizer = unsharded_copy(run.raw, run.optimizer, run.cpu_twin, info)
+    path = None
     if info.is_main:
-        speed = timed_tokens / train_time if train_time > 0 else None
-        write_summary(
-            run_dir,
-            {
-                "run_dir": str(run_dir),
-                "steps": cfg.max_steps,
-                "tokens": cfg.max_steps * cfg.tokens_per_step,
-                "wall_time_s": wall,
-                "tokens_per_s": speed,  # this session's training steps, its first one excluded
-                "mfu": mfu(flops_per_token, speed / info.world_size, peak) if speed else None,
-                "params": raw.num_params(non_embedding=False),
-                "params_non_embedding": raw.num_params(),
-                "flops_per_token": flops_per_token,
+        path = save_checkpoint(
+            run.dir / run_files.CHECKPOINTS,
+            step=at,
+            model=full_model,
+            optimizer=full_optimizer,
+            tokens=at * cfg.tokens_per_step,
+            train_config=cfg.to_dict(),
+            tokenizer=run.data.tokenizer,
+            extra={
+                "loader": run.loader.state_dict(),
+                "rng": rng_states,
                 "world_size": info.world_size,
-                "grad_accum": grad_accum,
-                "device": str(info.device),
-                "device_name": torch.cuda.get_device_name(info.device)
-                if info.device.type == "cuda"
-                else platform.processor() or platform.machine(),
-                "autocast": str(amp).removeprefix("torch.") if amp is not None else "fp32",
-                "compile": cfg.compile,
-                "torch_version": torch.__version__,
-                "rove_version": __version__,
+                "elapsed_s": elapsed,
+                "data": run.data.identity,
             },
+            keep=cfg.keep_checkpoints,
         )
     barrier(info)
-    return run_dir
+    return path
+
+
+def _show_progress(bar: tqdm, state: _Progress, record: dict[str, float]) -> None:
+    """Advance the bar, showing the loss, speed, newest validation loss and MFU."""
+    postfix = {"loss": f"{record['loss']:.4f}", "tok/s": f"{state.rate:,.0f}"}
+    state.last_val = record.get("val_loss", state.last_val)
+    if state.last_val is not None:
+        postfix["val"] = f"{state.last_val:.4f}"
+    if "mfu" in record:
+        postfix["mfu"] = f"{100 * record['mfu']:.1f}%"
+    bar.set_postfix(postfix, refresh=False)
+    bar.update(1)
+
+
+# ---------------------------------------------------------------------------- the end
+def _write_run_summary(run: _Run, state: _Progress) -> None:
+    """Rank 0 writes ``summary.json``: losses, size, speed and the machine it ran on."""
+    info = run.info
+    wall = state.elapsed_before + time.perf_counter() - run.started
+    if not info.is_main:
+        return
+    speed = state.timed_tokens / state.train_time if state.train_time > 0 else None
+    write_summary(
+        run.dir,
+        {
+            "run_dir": str(run.dir),
+            "steps": run.cfg.max_steps,
+            "tokens": run.cfg.max_steps * run.cfg.tokens_per_step,
+            "wall_time_s": wall,
+            "tokens_per_s": speed,  # this session's training steps, its first one excluded
+            "mfu": mfu(run.flops_per_token, speed / info.world_size, run.peak_flops)
+            if speed
+            else None,
+            "params": run.raw.num_params(non_embedding=False),
+            "params_non_embedding": run.raw.num_params(),
+            "flops_per_token": run.flops_per_token,
+            "world_size": info.world_size,
+            "grad_accum": run.grad_accum,
+            "device": str(info.device),
+            "device_name": torch.cuda.get_device_name(info.device)
+            if info.device.type == "cuda"
+            else platform.processor() or platform.machine(),
+            "autocast": str(run.amp).removeprefix("torch.") if run.amp is not None else "fp32",
+            "compile": run.cfg.compile,
+            "torch_version": torch.__version__,
+            "rove_version": __version__,
+        },
+    )
