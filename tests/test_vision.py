@@ -26,7 +26,7 @@ from rove.vision import (
     train_vit,
 )
 from rove.vision.data import ImageData
-from rove.vision.experiment import summarize
+from rove.vision.report import summarize
 
 
 def tiny(pos: str, **overrides) -> ViTConfig:

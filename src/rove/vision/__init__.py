@@ -6,9 +6,10 @@ of Geometric Transform Attention. ``run_comparison`` trains the same ViT with ea
 encoding over several seeds and tests it at larger resolutions; see ``docs/vision.md``.
 """
 
+from rove.vision.cli import main
 from rove.vision.data import ImageData, load_cifar10, load_digits, resize
-from rove.vision.experiment import TrainSettings, evaluate, main, run_comparison, train_vit
 from rove.vision.model import VIT_POSITIONS, ViT, ViTConfig
+from rove.vision.training import TrainSettings, evaluate, run_comparison, train_vit
 
 __all__ = [
     "VIT_POSITIONS",
