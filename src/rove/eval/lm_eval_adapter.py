@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         ) from err
     import rove.eval.lm_eval_model  # noqa: F401  (registers the ``rove`` model type)
 
-    argv = sys.argv[2:] if argv is None else list(argv)
+    argv = list(argv or [])  # rove.terminal.command always passes a list
     if not argv or argv[0] in ("-h", "--help"):
         print(
             "usage: rove lm-eval [lm-eval run arguments]\n\n"
