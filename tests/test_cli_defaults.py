@@ -47,3 +47,14 @@ def test_eval_flags_reach_the_config():
     cfg = config_from_args(EvalConfig, eval_parser().parse_args(argv), qa_paths={"qa_squad": "x"})
     assert cfg.ruler_scalings == ["yarn"] and cfg.icl_tasks == ["count"]
     assert cfg.qa_paths == {"qa_squad": "x"} and "qa_squad" in cfg.ruler_tasks
+
+
+def test_vision_model_and_lr_defaults_come_from_the_dataclasses():
+    from rove.vision import TrainSettings, ViTConfig
+    from rove.vision.cli import build_parser as vision_parser
+
+    args = vars(vision_parser().parse_args([]))
+    model = config_defaults(ViTConfig)
+    for name in ("patch_size", "n_layer", "n_embd", "n_head", "pool"):
+        assert args[name] == model[name], name
+    assert args["lr"] == TrainSettings().lr

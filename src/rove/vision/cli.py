@@ -22,7 +22,7 @@ from dataclasses import asdict
 
 import torch
 
-from rove.terminal import command
+from rove.terminal import command, config_defaults
 from rove.vision.data import load_cifar10, load_digits
 from rove.vision.model import VIT_POSITIONS, ViTConfig
 from rove.vision.report import write_report
@@ -48,11 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--test-sizes", type=int, nargs="+", help="test sizes in pixels (default: 1x, 1.5x, 2x)"
     )
     model = parser.add_argument_group("model")
-    model.add_argument("--patch-size", type=int, default=4, help="square patch side in pixels")
-    model.add_argument("--n-layer", type=int, default=3, help="transformer blocks")
-    model.add_argument("--n-embd", type=int, default=64, help="width")
-    model.add_argument("--n-head", type=int, default=4, help="attention heads")
-    model.add_argument("--pool", default="mean", choices=("mean", "cls"), help="pooling")
+    model.add_argument("--patch-size", type=int, help="square patch side in pixels")
+    model.add_argument("--n-layer", type=int, help="transformer blocks")
+    model.add_argument("--n-embd", type=int, help="width")
+    model.add_argument("--n-head", type=int, help="attention heads")
+    model.add_argument("--pool", choices=("mean", "cls"), help="pooling")
     model.add_argument(
         "--positions",
         nargs="+",
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("training")
     run.add_argument("--epochs", type=int, default=None, help="epochs (default 20, quick 3)")
     run.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2, quick: 0)")
-    run.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    run.add_argument("--lr", type=float, help="peak learning rate")
     run.add_argument(
         "--threads",
         type=int,
@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch CPU threads; 1 is robust for this tiny model on a shared machine, 0 = torch default",
     )
     run.add_argument("--out", default="runs/vision", help="output folder")
+    # defaults from the dataclasses the flags fill, written once there
+    model_fields = ("patch_size", "n_layer", "n_embd", "n_head", "pool")
+    parser.set_defaults(
+        **{k: v for k, v in config_defaults(ViTConfig).items() if k in model_fields}
+    )
+    parser.set_defaults(lr=config_defaults(TrainSettings)["lr"])
     return parser
 
 
