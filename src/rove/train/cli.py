@@ -15,7 +15,6 @@ is the paper's recipe.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ import sys
 from rove import run_files
 from rove.model import POSITIONS, PRESETS
 from rove.terminal import command, config_defaults, key_value
+from rove.terminal import config_from_args as fields_from_args
 from rove.train.config import DECAY_SHAPES, DTYPES, LOGGERS, SCHEDULES, TOKENIZERS, TrainConfig
 from rove.train.distributed import PARALLEL
 from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train
@@ -130,12 +130,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     for name in _MODEL_FLAGS:
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
-    fields = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(TrainConfig)
-        if f.name not in ("model_overrides", "loggers") and hasattr(args, f.name)
-    }
-    return TrainConfig(model_overrides=overrides, loggers=list(dict.fromkeys(args.log)), **fields)
+    loggers = list(dict.fromkeys(args.log))
+    return fields_from_args(TrainConfig, args, model_overrides=overrides, loggers=loggers)
 
 
 @command("rove train")

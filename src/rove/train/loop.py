@@ -318,7 +318,7 @@ def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> t
             workers=1
             if cfg.tokenizer == "byte"
             else None,  # bytes: a pool costs more than it saves
-            progress=progress and interactive(),
+            progress=progress,  # prepare_dataset shows a bar only on a terminal
         )
     barrier(info)
     manifest = load_manifest(data_dir)
