@@ -40,7 +40,7 @@ from rove.atomic import write_json_atomic
 from rove.evaluate import EvalConfig, eval_output_lock, evaluate_checkpoint
 from rove.lock import lock_folder
 from rove.report import findings, write_report
-from rove.terminal import command, interactive, key_value
+from rove.terminal import command, dataclass_from_dict, interactive, key_value
 from rove.train import TrainConfig, train
 from rove.train.config import LOCATION_FIELDS, run_fingerprint
 from rove.train.loop import TrainingInterrupted
@@ -345,20 +345,11 @@ def demo_main(argv: list[str] | None = None) -> int:
     return _run_and_print("rove demo", cfg, progress=not args.quiet, force=args.force)
 
 
-def _known(cls: type, data: dict, what: str) -> dict:
-    """``data`` if every key is a field of dataclass ``cls``, else a ``ValueError`` naming them."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    if unknown := sorted(set(data) - known):
-        raise ValueError(f"unknown {what} field(s) {unknown}; known fields: {sorted(known)}")
-    return data
-
-
 def config_from_dict(data: dict) -> CompareConfig:
     """A ``CompareConfig`` from JSON-like ``data`` (``eval`` a dict); unknown keys are refused."""
-    data = dict(_known(CompareConfig, data, "CompareConfig"))
     if "eval" in data:
-        data["eval"] = EvalConfig(**_known(EvalConfig, data["eval"], "EvalConfig"))
-    return CompareConfig(**data)
+        data = {**data, "eval": dataclass_from_dict(EvalConfig, data["eval"])}
+    return dataclass_from_dict(CompareConfig, data)
 
 
 @command("rove compare")

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from rove.rotary import CONVENTIONS
+from rove.terminal import dataclass_from_dict
 
 __all__ = ["POSITIONS", "PRESETS", "GPTConfig", "get_preset"]
 
@@ -75,11 +76,7 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> GPTConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown GPTConfig field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data)
 
 
 PRESETS: dict[str, dict] = {

@@ -28,6 +28,7 @@ import torch
 
 from rove.model import POSITIONS, PRESETS, GPTConfig, get_preset
 from rove.precision import DTYPES
+from rove.terminal import dataclass_from_dict
 from rove.train.distributed import PARALLEL
 
 __all__ = [
@@ -389,13 +390,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
         """Inverse of :meth:`to_dict`; unknown keys are refused so a typo never trains."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown TrainConfig field(s) {unknown}; known fields: {sorted(known)}"
-            )
-        return cls(**data)
+        return dataclass_from_dict(cls, data)
 
 
 if TYPE_CHECKING:
