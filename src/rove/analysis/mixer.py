@@ -80,10 +80,8 @@ def head_weights(attn: RoveAttention, head: int) -> HeadWeights:
 
 
 def layer_attention(model: GPT, layer: int) -> RoveAttention:
-    """``model.blocks[layer].attn`` (typed: to mypy an ``nn.ModuleList`` item is a bare ``Module``)."""
-    attn = model.blocks[layer].attn
-    assert isinstance(attn, RoveAttention)
-    return attn
+    """``model.blocks[layer].attn``, typed through :meth:`GPT.iter_blocks`."""
+    return list(model.iter_blocks())[layer].attn
 
 
 def capture_input(model: GPT, tokens: torch.Tensor, layer: int) -> torch.Tensor:
