@@ -31,8 +31,8 @@ def usage() -> str:
     lines += [
         "",
         "A mistake in the input is one 'rove <command>: error: ...' line and exit status 2;",
+        "--debug (anywhere, or ROVE_DEBUG=1) shows the traceback instead.",
     ]
-    lines += ["--debug (anywhere, or ROVE_DEBUG=1) shows the traceback instead."]
     return "\n".join(lines)
 
 
