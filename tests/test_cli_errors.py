@@ -79,7 +79,7 @@ def test_an_output_folder_that_is_a_file(tmp_path, capsys):
 
 def test_a_full_disk_is_a_message(tmp_path, capsys, monkeypatch):
     """ENOSPC while writing the result: the message, not a traceback; no partial file."""
-    import rove.evaluate as evaluate
+    import rove.eval.suite as evaluate
 
     def fake_evaluate(*args, **kwargs):
         return {"ppl": {}}

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from rove.eval.suite import EvalConfig, evaluate_model
 from rove.eval.summary import eval_summary_lines
-from rove.evaluate import EvalConfig, evaluate_model
 from test_eval_mocks import ByteTokenizer, TableLM
 from test_eval_ruler import CORPUS
 

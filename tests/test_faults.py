@@ -31,7 +31,7 @@ from rove.checkpoint import load_checkpoint
 from rove.compare import CompareConfig, StaleRunError, run_compare
 from rove.compare import main as compare_main
 from rove.data import TokenLoader, prepare_dataset
-from rove.evaluate import EvalConfig
+from rove.eval.suite import EvalConfig
 from rove.lock import FolderLockedError
 from rove.train import CheckpointError, TrainConfig, latest_checkpoint, train
 from rove.train import loop as loop_module
@@ -356,8 +356,8 @@ def test_compare_detects_stale_runs_and_evals(data_dir, tmp_path, capsys):
 
 
 def test_second_compare_and_second_eval_into_one_output_are_refused(data_dir, tmp_path, capsys):
-    from rove.evaluate import eval_output_lock
-    from rove.evaluate import main as eval_main
+    from rove.eval.suite import eval_output_lock
+    from rove.eval.suite import main as eval_main
     from rove.lock import lock_folder
 
     out = tmp_path / "cmp"

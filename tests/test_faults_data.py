@@ -33,8 +33,8 @@ from rove.data import (
 from rove.data import prepare as prep
 from rove.data.corpora import DOC_CHARS, CorpusReport, split_text
 from rove.data.shards import write_shard
-from rove.evaluate import EvalConfig, evaluate_checkpoint
-from rove.evaluate import main as eval_main
+from rove.eval.suite import EvalConfig, evaluate_checkpoint
+from rove.eval.suite import main as eval_main
 from rove.train import TrainConfig, train
 
 

@@ -49,7 +49,6 @@ LAYERS: dict[str, int] = {
     "rove.data": 5,
     "rove.train": 5,
     "rove.eval": 5,
-    "rove.evaluate": 5,
     "rove.stats": 5,
     "rove.generate": 5,
     "rove.hf": 5,
@@ -132,9 +131,9 @@ def test_the_rule_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     pkg = tmp_path / "rove" / "data"
     pkg.mkdir(parents=True)
     path = pkg / "thing.py"
-    path.write_text("def f():\n    from rove.compare import x\n\nfrom ..evaluate import y\n")
+    path.write_text("def f():\n    from rove.compare import x\n\nfrom ..eval.suite import y\n")
     names = [name for name, _ in _imports("rove.data.thing", path, _modules())]
-    assert "rove.compare" in names and "rove.evaluate" in names
+    assert "rove.compare" in names and "rove.eval.suite" in names
 
 
 def _loaded_after(statement: str) -> set[str]:

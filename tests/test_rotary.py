@@ -273,3 +273,13 @@ def test_apply_rotary_rejects_wide_tables():
     cos, sin = rotation_tables(torch.arange(3), rotary_frequencies(16).inv_freq)
     with pytest.raises(ValueError, match="cover 16 channels"):
         apply_rotary(torch.randn(3, 8), cos, sin)
+
+
+def test_softmax_scale_carries_the_temperature_only_where_it_applies_to_every_logit():
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position": 64}
+    logits = Rotary(64, scaling=yarn)
+    rotated = Rotary(64, rotary_dim=32, scaling=yarn, temperature="rotated")
+    assert logits.logit_scale > 1
+    assert logits.softmax_scale(64) == pytest.approx(logits.logit_scale / 8)
+    assert rotated.softmax_scale(64) == pytest.approx(1 / 8)  # q's rotated channels carry it
+    assert Rotary(64).softmax_scale(64) == pytest.approx(1 / 8)

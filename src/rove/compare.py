@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from rove import run_files
 from rove.atomic import write_json_atomic
-from rove.evaluate import EvalConfig, eval_output_lock, evaluate_checkpoint
+from rove.eval.suite import EvalConfig, eval_output_lock, evaluate_checkpoint
 from rove.lock import lock_folder
 from rove.report import findings, write_report
 from rove.terminal import command, dataclass_from_dict, interactive, key_value

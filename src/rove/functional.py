@@ -72,6 +72,8 @@ class RotarySpec(Protocol):
     @property
     def logit_scale(self) -> float: ...
 
+    def softmax_scale(self, head_dim: int) -> float: ...
+
     @property
     def dynamic(self) -> bool: ...
 
@@ -204,11 +206,11 @@ def logit_temperature(
     rotated channels of ``q`` ``(B, H, T, D)`` are scaled instead, so only their share of
     ``q.k`` is (HF's convention). No temperature in ``nope`` mode, nor on V or O.
     """
-    scale = 1 / math.sqrt(q.shape[-1])
-    if mode == "nope" or rotary is None or rotary.logit_scale == 1.0:
+    if mode == "nope" or rotary is None:
+        return q, 1 / math.sqrt(q.shape[-1])
+    scale = rotary.softmax_scale(q.shape[-1])
+    if rotary.temperature == "logits" or rotary.logit_scale == 1.0:
         return q, scale
-    if rotary.temperature == "logits" or rotary.rotary_dim == q.shape[-1]:
-        return q, scale * rotary.logit_scale
     r = rotary.rotary_dim
     return torch.cat((q[..., :r] * rotary.logit_scale, q[..., r:]), dim=-1), scale
 

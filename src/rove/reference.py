@@ -81,8 +81,7 @@ def _logit_weights(rotary: Rotary | None, mode: str, dim: int) -> tuple[torch.Te
         return w, 1 / math.sqrt(dim)
     if rotary.temperature == "rotated":
         w[: rotary.rotary_dim] = rotary.logit_scale
-        return w, 1 / math.sqrt(dim)
-    return w, rotary.logit_scale / math.sqrt(dim)
+    return w, rotary.softmax_scale(dim)
 
 
 def _top(*positions: torch.Tensor) -> int:

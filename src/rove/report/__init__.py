@@ -24,7 +24,7 @@ _REPORT = {"Metric", "findings", "metrics_of", "render_report", "write_report"}
 
 def __getattr__(name: str) -> Any:
     if name in _REPORT:
-        from rove.report import report
+        from rove.report import comparison
 
-        return getattr(report, name)
+        return getattr(comparison, name)
     raise AttributeError(f"module 'rove.report' has no attribute {name!r}")

@@ -11,6 +11,7 @@ frequencies would cost a blocking host -> device copy every forward and every de
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Literal
 
@@ -200,6 +201,13 @@ class Rotary:
     def logit_scale(self) -> float:
         """Multiplier of the attention logits implied by the schedule (YaRN temperature)."""
         return self._freqs.logit_scale
+
+    def softmax_scale(self, head_dim: int) -> float:
+        """SDPA's ``scale`` for heads of ``head_dim`` channels: ``1/sqrt(head_dim)``, times the
+        logit scale when it applies to every logit (``temperature="logits"``); with
+        ``"rotated"`` the caller scales the rotated channels of q instead."""
+        scale = 1 / math.sqrt(head_dim)
+        return scale * self.logit_scale if self.temperature == "logits" else scale
 
     def tables(
         self,

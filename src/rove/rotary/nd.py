@@ -31,6 +31,7 @@ Notable features:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -165,6 +166,11 @@ class NDRotary(nn.Module):
     def logit_scale(self) -> float:
         """No frequency schedule here, so no attention temperature."""
         return 1.0
+
+    def softmax_scale(self, head_dim: int) -> float:
+        """SDPA's ``scale`` for heads of ``head_dim`` channels: ``1/sqrt(head_dim)`` (no
+        temperature)."""
+        return 1 / math.sqrt(head_dim)
 
     # no frequency schedule: no temperature, no dynamic length (the interface of ``Rotary``)
     temperature = "logits"
