@@ -19,14 +19,15 @@ import torch
 
 import harness
 from rove import RoveAttention
+from rove.functional import ATTENTION_POSITIONS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def make_step(mode: str, args: argparse.Namespace, seq: int, compiled: bool) -> Callable[[], None]:
+def make_step(pos: str, args: argparse.Namespace, seq: int, compiled: bool) -> Callable[[], None]:
     torch.manual_seed(0)
     d_model = args.heads * args.head_dim
-    layer = RoveAttention(d_model, args.heads, mode=mode).to(args.device, DTYPES[args.dtype])
+    layer = RoveAttention(d_model, args.heads, pos=pos).to(args.device, DTYPES[args.dtype])
     fn = torch.compile(layer) if compiled else layer
     x = torch.randn(args.batch, seq, d_model, device=args.device, dtype=DTYPES[args.dtype])
     x.requires_grad_(True)
@@ -42,16 +43,16 @@ def bench(args: argparse.Namespace) -> list[dict]:
     rows = []
     for seq in args.seq:
         for compiled in args.compile:
-            steps = {m: make_step(m, args, seq, compiled) for m in args.modes}
+            steps = {m: make_step(m, args, seq, compiled) for m in args.pos}
             timings = harness.time_interleaved(
                 steps, device=args.device, warmup=args.warmup, rounds=args.repeats
             )
-            for mode, t in timings.items():
+            for pos, t in timings.items():
                 rows.append(
                     {
                         "seq": seq,
                         "compiled": compiled,
-                        "mode": mode,
+                        "pos": pos,
                         "ms": t.summary(),
                         "vs_rope": harness.format_ratio(harness.paired_ratio(t, timings["rope"])),
                     }
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seq", type=int, nargs="+", default=[1024], help="sequence lengths")
     p.add_argument("--heads", type=int, default=8, help="attention heads")
     p.add_argument("--head-dim", type=int, default=64, help="channels per head")
-    p.add_argument("--modes", nargs="+", default=["nope", "rope", "rove"], help="position modes")
+    p.add_argument("--pos", nargs="+", default=list(ATTENTION_POSITIONS), help="position encodings")
     p.add_argument(
         "--compile", type=int, nargs="+", default=[0, 1], help="0 eager, 1 torch.compile"
     )
@@ -80,17 +81,17 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     harness.set_threads(args.threads)
     args.compile = [bool(c) for c in args.compile]
-    if "rope" not in args.modes:
-        args.modes.append("rope")
+    if "rope" not in args.pos:
+        args.pos.append("rope")
     lines = [
         f"{args.dtype}, B={args.batch}, H={args.heads}, D={args.head_dim}, median [IQR] of "
         f"{args.repeats} interleaved rounds",
         "",
-        "| T | compiled | mode | ms [IQR] | / rope [IQR] |",
+        "| T | compiled | pos | ms [IQR] | / rope [IQR] |",
         "|---|---|---|---|---|",
     ]
     for r in bench(args):
-        lines.append(f"| {r['seq']} | {r['compiled']} | {r['mode']} | {r['ms']} | {r['vs_rope']} |")
+        lines.append(f"| {r['seq']} | {r['compiled']} | {r['pos']} | {r['ms']} | {r['vs_rope']} |")
     text = "\n".join(lines)
     print(f"# attention layer fwd+bwd on {harness.machine(args.device)}\n\n{text}")
     harness.append_results("bench_attention", text, args.device, args.results)

@@ -63,9 +63,9 @@ def main() -> None:
     for length in args.lengths:
         extra, times = [], {"rope": [], "rove": []}
         for _ in range(args.rounds):
-            for mode in ("rope", "rove"):
-                rove.hf.convert(model, mode)
-                times[mode].append(step_ms(model, ids, length, args.steps))
+            for pos in ("rope", "rove"):
+                rove.hf.convert(model, pos)
+                times[pos].append(step_ms(model, ids, length, args.steps))
             extra.append(times["rove"][-1] - times["rope"][-1])
         rope, rv = (statistics.median(times[m]) for m in ("rope", "rove"))
         print(

@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 
 import harness
+from rove.functional import ATTENTION_POSITIONS
 from rove.kernels import split_rotate_qkv, unrotate_output, use_backend
 from rove.layer import RoveAttention
 from rove.rotary import Rotary
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-MODES = ("nope", "rope", "rove")
 COPY_GOAL, EXTRA_GOAL = 0.70, 0.10  # fraction of copy bandwidth; RoVE extra / SDPA at T=1024
 
 
@@ -196,12 +196,12 @@ def bench_rotations(args: argparse.Namespace, backends: list[str]) -> list[dict]
 
 
 def layer_step(
-    mode: str, backend: str, compiled: bool, seq: int, bsz: int, args: argparse.Namespace
+    pos: str, backend: str, compiled: bool, seq: int, bsz: int, args: argparse.Namespace
 ) -> Callable[[], object]:
     """Forward + backward of one attention layer with fresh gradients on every call."""
     dtype, heads, hd = DTYPES[args.dtype], args.heads, args.head_dim
     torch.manual_seed(0)
-    layer = RoveAttention(heads * hd, heads, mode=mode).to(args.device, dtype)
+    layer = RoveAttention(heads * hd, heads, pos=pos).to(args.device, dtype)
     fn = (
         torch.compile(layer, backend=getattr(args, "compile_backend", "inductor"), dynamic=False)
         if compiled
@@ -221,7 +221,7 @@ def layer_step(
 def bench_layers(
     args: argparse.Namespace, backends: list[str], compiled: tuple[bool, ...] = (False,)
 ) -> list[dict]:
-    """Forward + backward of one attention layer per mode / backend / compile, and of SDPA
+    """Forward + backward of one attention layer per pos / backend / compile, and of SDPA
     alone, at each length; all variants of a length in the same interleaved rounds."""
     dtype, heads, hd = DTYPES[args.dtype], args.heads, args.head_dim
     rows = []
@@ -237,16 +237,14 @@ def bench_layers(
         }
         for backend in backends:
             for comp in compiled:
-                for mode in MODES:
-                    variants[(backend, comp, mode)] = layer_step(
-                        mode, backend, comp, seq, bsz, args
-                    )
+                for pos in ATTENTION_POSITIONS:
+                    variants[(backend, comp, pos)] = layer_step(pos, backend, comp, seq, bsz, args)
         timings = harness.time_interleaved(variants, **timer_options(args))
         peaks = {k: harness.peak_memory_bytes(fn, args.device) for k, fn in variants.items()}
         sdpa = timings["sdpa"]
         for backend in backends:
             for comp in compiled:
-                t = {m: timings[(backend, comp, m)] for m in MODES}
+                t = {m: timings[(backend, comp, m)] for m in ATTENTION_POSITIONS}
                 ratio = harness.paired_ratio(t["rove"], t["rope"])
                 extra = [
                     (a - b) / s
@@ -256,9 +254,13 @@ def bench_layers(
                 ]
                 row = dict(seq=seq, batch=bsz, backend=backend, compiled=comp)
                 row.update(sdpa_ms=sdpa.median * 1e3, rounds=len(sdpa.samples))
-                row.update({f"{m}_ms": t[m].median * 1e3 for m in MODES})
-                row.update({f"{m}_ms_q1_q3": [x * 1e3 for x in t[m].iqr] for m in MODES})
-                row.update({f"{m}_peak_mb": _mb(peaks[(backend, comp, m)]) for m in MODES})
+                row.update({f"{m}_ms": t[m].median * 1e3 for m in ATTENTION_POSITIONS})
+                row.update(
+                    {f"{m}_ms_q1_q3": [x * 1e3 for x in t[m].iqr] for m in ATTENTION_POSITIONS}
+                )
+                row.update(
+                    {f"{m}_peak_mb": _mb(peaks[(backend, comp, m)]) for m in ATTENTION_POSITIONS}
+                )
                 row.update(rove_over_rope=ratio[0], rove_over_rope_q1_q3=list(ratio[1:]))
                 row.update(rove_extra_of_sdpa=statistics.median(extra),
                            rove_extra_of_sdpa_q1_q3=list(harness.quartiles(extra)))  # fmt: skip
@@ -301,7 +303,7 @@ def markdown(args: argparse.Namespace, rot_rows: list[dict], layer_rows: list[di
         lo, hi = r["rove_over_rope_q1_q3"]
         elo, ehi = r["rove_extra_of_sdpa_q1_q3"]
         peaks = "/".join("-" if r[f"{m}_peak_mb"] is None else f"{r[f'{m}_peak_mb']:.0f}"
-                         for m in MODES)  # fmt: skip
+                         for m in ATTENTION_POSITIONS)  # fmt: skip
         lines.append(
             f"| {r['seq']} | {r['batch']} | {r['backend']} | {r['compiled']} | "
             f"{r['sdpa_ms']:.2f} | {r['nope_ms']:.2f} | {r['rope_ms']:.2f} | {r['rove_ms']:.2f} | "

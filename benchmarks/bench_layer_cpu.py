@@ -5,8 +5,8 @@ in time and in peak memory, measured side by side.
 
 How it measures, because these machines are shared and noisy:
 - a fixed thread count (``--threads``, default 1);
-- interleaved rounds: every round runs each mode once, in a fresh random order (seeded), so
-  drift and background load hit every mode alike; the ratio is taken *per round* (paired) and
+- interleaved rounds: every round runs each pos once, in a fresh random order (seeded), so
+  drift and background load hit every pos alike; the ratio is taken *per round* (paired) and
   summarised by its median and interquartile range; absolute times are for orientation;
 - no gradient accumulation: gradients are reset to ``None`` before every step;
 - peak memory: the CPU allocator's events over one step (``torch.profiler`` with
@@ -31,16 +31,17 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from rove import RoveAttention
+from rove.functional import ATTENTION_POSITIONS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def make_step(mode: str, args: argparse.Namespace, seq: int) -> tuple[Callable[[], None], ...]:
+def make_step(pos: str, args: argparse.Namespace, seq: int) -> tuple[Callable[[], None], ...]:
     """``(reset, step)``: drop the gradients, and one forward + backward."""
     torch.manual_seed(0)
     d_model = args.heads * args.head_dim
     dtype = DTYPES[args.dtype]
-    layer = RoveAttention(d_model, args.heads, mode=mode).to(dtype=dtype)
+    layer = RoveAttention(d_model, args.heads, pos=pos).to(dtype=dtype)
     x = torch.randn(args.batch, seq, d_model, dtype=dtype, requires_grad=True)
 
     def reset() -> None:
@@ -76,7 +77,7 @@ def bench(args: argparse.Namespace) -> list[dict]:
     rng = random.Random(args.seed)
     rows = []
     for seq in args.seq:
-        steps = {m: make_step(m, args, seq) for m in args.modes}
+        steps = {m: make_step(m, args, seq) for m in args.pos}
         for reset, step in steps.values():
             for _ in range(args.warmup):
                 reset()
@@ -86,26 +87,26 @@ def bench(args: argparse.Namespace) -> list[dict]:
         for _ in range(args.rounds):
             order = list(steps)
             rng.shuffle(order)
-            for mode in order:
-                reset, step = steps[mode]
+            for pos in order:
+                reset, step = steps[pos]
                 reset()
                 t0 = time.perf_counter()
                 step()
-                times[mode].append(time.perf_counter() - t0)
-        for mode in steps:
-            ratios = [t / r for t, r in zip(times[mode], times["rope"], strict=True)]
+                times[pos].append(time.perf_counter() - t0)
+        for pos in steps:
+            ratios = [t / r for t, r in zip(times[pos], times["rope"], strict=True)]
             q1, med, q3 = quartiles(ratios)
-            t_q1, t_med, t_q3 = quartiles(times[mode])
+            t_q1, t_med, t_q3 = quartiles(times[pos])
             rows.append(
                 {
                     "seq": seq,
-                    "mode": mode,
+                    "pos": pos,
                     "ms": 1e3 * t_med,
                     "ms_iqr": (1e3 * t_q1, 1e3 * t_q3),
                     "vs_rope": med,
                     "vs_rope_iqr": (q1, q3),
-                    "peak_mib": peaks[mode] / 2**20,
-                    "peak_vs_rope": peaks[mode] / peaks["rope"],
+                    "peak_mib": peaks[pos] / 2**20,
+                    "peak_vs_rope": peaks[pos] / peaks["rope"],
                 }
             )
     return rows
@@ -118,15 +119,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heads", type=int, default=8, help="attention heads")
     p.add_argument("--head-dim", type=int, default=64, help="channels per head")
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="weights/activations")
-    p.add_argument("--modes", nargs="+", default=["nope", "rope", "rove"], help="position modes")
+    p.add_argument("--pos", nargs="+", default=list(ATTENTION_POSITIONS), help="position encodings")
     p.add_argument("--threads", type=int, default=1, help="torch threads (fixed)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per mode")
-    p.add_argument("--rounds", type=int, default=30, help="timed rounds (one step per mode)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per pos")
+    p.add_argument("--rounds", type=int, default=30, help="timed rounds (one step per pos)")
     p.add_argument("--seed", type=int, default=0, help="seed of the per-round order")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args(argv)
-    if "rope" not in args.modes:
-        args.modes.append("rope")
+    if "rope" not in args.pos:
+        args.pos.append("rope")
     torch.set_num_threads(args.threads)
     print(
         f"# attention layer fwd+bwd, CPU ({platform.processor() or platform.machine()}, "
@@ -134,12 +135,12 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__}, {args.dtype}, B={args.batch}, H={args.heads}, "
         f"D={args.head_dim}, {args.rounds} interleaved rounds"
     )
-    print("| T | mode | ms median [IQR] | / rope, paired median [IQR] | peak MiB | peak / rope |")
+    print("| T | pos | ms median [IQR] | / rope, paired median [IQR] | peak MiB | peak / rope |")
     print("|---|---|---|---|---|---|")
     rows = bench(args)
     for r in rows:
         print(
-            f"| {r['seq']} | {r['mode']} | {r['ms']:.1f} [{r['ms_iqr'][0]:.1f}, "
+            f"| {r['seq']} | {r['pos']} | {r['ms']:.1f} [{r['ms_iqr'][0]:.1f}, "
             f"{r['ms_iqr'][1]:.1f}] | {r['vs_rope']:.3f} [{r['vs_rope_iqr'][0]:.3f}, "
             f"{r['vs_rope_iqr'][1]:.3f}] | {r['peak_mib']:.1f} | {r['peak_vs_rope']:.3f} |"
         )

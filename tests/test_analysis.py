@@ -134,7 +134,7 @@ def test_rove_blocks_depend_on_attention_and_offset_only():
 def single_head(rotary: Rotary) -> RoveAttention:
     """One head with C = D, W_O = I and every weight zero: fill in by hand."""
     dim = rotary.head_dim
-    attn = RoveAttention(dim, 1, mode="rove", rotary=rotary)
+    attn = RoveAttention(dim, 1, pos="rove", rotary=rotary)
     with torch.no_grad():
         attn.qkv.weight.zero_()
         attn.proj.weight.copy_(torch.eye(dim))

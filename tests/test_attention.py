@@ -31,7 +31,7 @@ def qkv(b=2, hq=4, hkv=4, tq=6, tk=6, d=8, dtype=torch.float64, seed=0):
 
 CASES = list(
     itertools.product(
-        ["nope", "rope", "rove"],  # mode
+        ["nope", "rope", "rove"],  # pos
         [True, False],  # causal
         [4, 2],  # kv heads (4 query heads): MHA and GQA
         [8, 4],  # rotary dim (head dim 8): full and partial
@@ -41,13 +41,13 @@ CASES = list(
 )
 
 
-@pytest.mark.parametrize("mode, causal, hkv, rdim, convention, shared", CASES)
-def test_matches_reference_float64(mode, causal, hkv, rdim, convention, shared):
+@pytest.mark.parametrize("pos, causal, hkv, rdim, convention, shared", CASES)
+def test_matches_reference_float64(pos, causal, hkv, rdim, convention, shared):
     q, k, v = qkv(hkv=hkv)
     v = None if shared else v
     rot = Rotary(8, rdim, convention=convention, base=30.0)
-    out = attention(q, k, v, mode=mode, causal=causal, rotary=rot)
-    ref = reference_attention(q, k, v, mode=mode, causal=causal, rotary=rot)
+    out = attention(q, k, v, pos=pos, causal=causal, rotary=rot)
+    ref = reference_attention(q, k, v, pos=pos, causal=causal, rotary=rot)
     assert (out - ref).abs().max() <= 1e-10
 
 
@@ -60,13 +60,13 @@ SCALED = [(YARN, "logits"), (YARN, "rotated"), (DYNAMIC, "logits")]
 @settings(max_examples=30, deadline=None)
 @given(
     case=st.sampled_from(SCALED),
-    mode=st.sampled_from(["nope", "rope", "rove"]),
+    pos=st.sampled_from(["nope", "rope", "rove"]),
     rdim=st.sampled_from([8, 4]),
     start=st.sampled_from([0, 9, 4096]),
     tq=st.integers(1, 6),
     per_batch=st.booleans(),
 )
-def test_schedules_match_reference_float64(case, mode, rdim, start, tq, per_batch):
+def test_schedules_match_reference_float64(case, pos, rdim, start, tq, per_batch):
     """Temperatures and dynamic NTK against the explicit oracle, at any offset and query count:
     dynamic NTK's length is max(position) + 1 of the queries and keys, whatever Tq and Tk."""
     scaling, temperature = case
@@ -75,9 +75,9 @@ def test_schedules_match_reference_float64(case, mode, rdim, start, tq, per_batc
     kp = start + torch.arange(6)
     if per_batch:
         kp = torch.stack((kp, 2 * kp + 1))  # (B, Tk): a different length for each sequence
-    pos = dict(q_positions=kp[..., 6 - tq :], k_positions=kp)
-    out = attention(q, k, v, mode=mode, rotary=rot, **pos)
-    ref = reference_attention(q, k, v, mode=mode, rotary=rot, **pos)
+    at = dict(q_positions=kp[..., 6 - tq :], k_positions=kp)
+    out = attention(q, k, v, pos=pos, rotary=rot, **at)
+    ref = reference_attention(q, k, v, pos=pos, rotary=rot, **at)
     assert (out - ref).abs().max() <= 1e-10
     if scaling is DYNAMIC:  # the rule itself: static NTK at length L = max(position) + 1
         length, orig, factor = (
@@ -91,9 +91,9 @@ def test_schedules_match_reference_float64(case, mode, rdim, start, tq, per_batc
             q,
             k,
             v,
-            mode=mode,
+            pos=pos,
             rotary=static if length > orig else Rotary(8, rdim, base=30.0),
-            **pos,
+            **at,
         )
         assert (out - ref).abs().max() <= 1e-10
 
@@ -118,7 +118,7 @@ def test_yarn_temperature_with_partial_rotary(temperature):
     logits = logits.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
     expected = logits.softmax(-1) @ v  # rope: values untouched
     torch.testing.assert_close(
-        attention(q, k, v, mode="rope", rotary=rot), expected, rtol=0, atol=1e-12
+        attention(q, k, v, pos="rope", rotary=rot), expected, rtol=0, atol=1e-12
     )
     # the two placements differ with partial rotary, and agree with full rotary
     other = Rotary(
@@ -131,30 +131,30 @@ def test_yarn_temperature_with_partial_rotary(temperature):
     )
 
 
-@pytest.mark.parametrize("mode", ["rope", "rove"])
-def test_batched_positions_and_cross_lengths(mode):
+@pytest.mark.parametrize("pos", ["rope", "rove"])
+def test_batched_positions_and_cross_lengths(pos):
     q, k, v = qkv(tq=3, tk=7)
     qp = torch.tensor([[4, 5, 6], [10, 12, 14]])
     kp = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [2, 4, 6, 8, 10, 12, 14]])
     rot = Rotary(8, base=20.0)
-    out = attention(q, k, v, mode=mode, rotary=rot, q_positions=qp, k_positions=kp)
-    ref = reference_attention(q, k, v, mode=mode, rotary=rot, q_positions=qp, k_positions=kp)
+    out = attention(q, k, v, pos=pos, rotary=rot, q_positions=qp, k_positions=kp)
+    ref = reference_attention(q, k, v, pos=pos, rotary=rot, q_positions=qp, k_positions=kp)
     assert (out - ref).abs().max() <= 1e-10
 
 
-@pytest.mark.parametrize("mode", ["rope", "rove"])
+@pytest.mark.parametrize("pos", ["rope", "rove"])
 @pytest.mark.parametrize("shift", [1, 37, 100_000])
-def test_shift_equivariance(mode, shift):
+def test_shift_equivariance(pos, shift):
     q, k, v = qkv(tq=5, tk=5)
-    pos = torch.arange(5) * 3
-    a = attention(q, k, v, mode=mode, q_positions=pos, k_positions=pos)
-    b = attention(q, k, v, mode=mode, q_positions=pos + shift, k_positions=pos + shift)
+    at = torch.arange(5) * 3
+    a = attention(q, k, v, pos=pos, q_positions=at, k_positions=at)
+    b = attention(q, k, v, pos=pos, q_positions=at + shift, k_positions=at + shift)
     torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
 
 
 def test_rove_differs_from_rope():
     q, k, v = qkv()
-    assert (attention(q, k, v, mode="rove") - attention(q, k, v, mode="rope")).abs().max() > 1e-2
+    assert (attention(q, k, v, pos="rove") - attention(q, k, v, pos="rope")).abs().max() > 1e-2
 
 
 def textbook_rope_attention(q, k, v, causal):
@@ -176,34 +176,34 @@ def textbook_rope_attention(q, k, v, causal):
 @pytest.mark.parametrize("causal", [True, False])
 def test_rope_mode_equals_textbook(causal):
     q, k, v = qkv()
-    out = attention(q, k, v, mode="rope", causal=causal, rotary=Rotary(8, convention="interleaved"))
+    out = attention(q, k, v, pos="rope", causal=causal, rotary=Rotary(8, convention="interleaved"))
     torch.testing.assert_close(out, textbook_rope_attention(q, k, v, causal), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("mode", ["nope", "rope", "rove"])
-def test_gqa_equals_repeated_heads(mode):
+@pytest.mark.parametrize("pos", ["nope", "rope", "rove"])
+def test_gqa_equals_repeated_heads(pos):
     q, k, v = qkv(hq=6, hkv=2)
     rep = dict(repeats=3, dim=1)
-    a = attention(q, k, v, mode=mode)
-    b = attention(q, k.repeat_interleave(**rep), v.repeat_interleave(**rep), mode=mode)
+    a = attention(q, k, v, pos=pos)
+    b = attention(q, k.repeat_interleave(**rep), v.repeat_interleave(**rep), pos=pos)
     torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("mode", ["rope", "rove"])
+@pytest.mark.parametrize("pos", ["rope", "rove"])
 @pytest.mark.parametrize("ids", [[0, 0, 0, 0, 1, 1, 2, 2, 2], [0, 0, 0, 0, 1, 1, 0, 0, 0]])
-def test_packed_sequences_equal_separate_runs(mode, ids):
+def test_packed_sequences_equal_separate_runs(pos, ids):
     """Documents are maximal runs of equal ids, for the mask as for the positions: a reused id
     (the second run of 0s) is a new document, not a continuation of the first."""
     q, k, v = qkv(b=1, tq=9, tk=9)
     doc_ids = torch.tensor([ids])
-    pos = positions_from_doc_ids(doc_ids)
-    assert pos.tolist() == [[0, 1, 2, 3, 0, 1, 0, 1, 2]]
-    packed = attention(q, k, v, mode=mode, doc_ids=doc_ids, q_positions=pos, k_positions=pos)
-    ref = reference_attention(q, k, v, mode=mode, doc_ids=doc_ids, q_positions=pos, k_positions=pos)
+    at = positions_from_doc_ids(doc_ids)
+    assert at.tolist() == [[0, 1, 2, 3, 0, 1, 0, 1, 2]]
+    packed = attention(q, k, v, pos=pos, doc_ids=doc_ids, q_positions=at, k_positions=at)
+    ref = reference_attention(q, k, v, pos=pos, doc_ids=doc_ids, q_positions=at, k_positions=at)
     torch.testing.assert_close(packed, ref, rtol=0, atol=1e-10)
     for lo, hi in [(0, 4), (4, 6), (6, 9)]:
         sl = slice(lo, hi)
-        alone = attention(q[:, :, sl], k[:, :, sl], v[:, :, sl], mode=mode)
+        alone = attention(q[:, :, sl], k[:, :, sl], v[:, :, sl], pos=pos)
         torch.testing.assert_close(packed[:, :, sl], alone, rtol=0, atol=1e-12)
 
 
@@ -215,38 +215,38 @@ def test_yarn_temperature_stays_out_of_values():
     # one key per query: the output must be the value itself, back in the query's frame;
     # a temperature baked into the tables would scale it by the factor squared
     q, k, v = qkv(tq=1, tk=1)
-    out = attention(q, k, v, mode="rove", rotary=rot, q_positions=torch.tensor([50]))
+    out = attention(q, k, v, pos="rove", rotary=rot, q_positions=torch.tensor([50]))
     torch.testing.assert_close(out, v, rtol=0, atol=1e-12)
     # and the logits do carry it
     q, k, v = qkv()
-    ref = reference_attention(q, k, v, mode="rove", rotary=rot)
-    torch.testing.assert_close(attention(q, k, v, mode="rove", rotary=rot), ref, rtol=0, atol=1e-10)
-    plain = attention(q, k, v, mode="rove", rotary=rot, scale=1 / math.sqrt(8))
+    ref = reference_attention(q, k, v, pos="rove", rotary=rot)
+    torch.testing.assert_close(attention(q, k, v, pos="rove", rotary=rot), ref, rtol=0, atol=1e-10)
+    plain = attention(q, k, v, pos="rove", rotary=rot, scale=1 / math.sqrt(8))
     assert (plain - ref).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("mode", ["rope", "rove"])
-def test_gradcheck(mode):
+@pytest.mark.parametrize("pos", ["rope", "rove"])
+def test_gradcheck(pos):
     q, k, v = qkv(b=1, hq=2, hkv=1, tq=4, tk=4, d=4)
     for t in (q, k, v):
         t.requires_grad_(True)
     rot = Rotary(4, base=10.0)
     assert torch.autograd.gradcheck(
-        lambda q, k, v: attention(q, k, v, mode=mode, rotary=rot), (q, k, v)
+        lambda q, k, v: attention(q, k, v, pos=pos, rotary=rot), (q, k, v)
     )
 
 
 class TestErrors:
     def test_unknown_mode(self):
         q, k, v = qkv()
-        with pytest.raises(ValueError, match="unknown position mode"):
-            attention(q, k, v, mode="alibi")
+        with pytest.raises(ValueError, match="unknown position encoding"):
+            attention(q, k, v, pos="alibi")
 
     def test_odd_head_dim(self):
         q, k, v = qkv(d=7)
         with pytest.raises(ValueError, match="even head dim"):
-            attention(q, k, v, mode="rove")
-        attention(q, k, v, mode="nope")  # fine without rotation
+            attention(q, k, v, pos="rove")
+        attention(q, k, v, pos="nope")  # fine without rotation
 
     def test_shape_mismatch(self):
         q, k, v = qkv()
@@ -278,24 +278,24 @@ class TestErrors:
         with pytest.raises(TypeError, match="integer tensor"):
             attention(q, k, v, k_positions=torch.ones(6, dtype=torch.bool))
 
-    @pytest.mark.parametrize("mode", ["nope", "rove"])
-    def test_queries_without_keys(self, mode):
+    @pytest.mark.parametrize("pos", ["nope", "rove"])
+    def test_queries_without_keys(self, pos):
         """No silent rows of zeros: causal Tq > Tk, and Tk = 0, are errors."""
         q, k, v = qkv(tq=5, tk=3)
         with pytest.raises(ValueError, match="more queries"):
-            attention(q, k, v, mode=mode)
-        attention(q, k, v, mode=mode, causal=False)  # every query sees every key: defined
+            attention(q, k, v, pos=pos)
+        attention(q, k, v, pos=pos, causal=False)  # every query sees every key: defined
         q, k, v = qkv(tq=2, tk=0)
         with pytest.raises(ValueError, match="at least one key"):
-            attention(q, k, v, mode=mode, causal=False)
+            attention(q, k, v, pos=pos, causal=False)
 
     def test_nope_ignores_a_rotary_temperature(self):
         """The logit scale is a property of rope/rove; a YaRN rotary passed to nope changes nothing."""
         q, k, v = qkv()
         yarn = Rotary(8, scaling=YARN)
         torch.testing.assert_close(
-            attention(q, k, v, mode="nope", rotary=yarn),
-            attention(q, k, v, mode="nope"),
+            attention(q, k, v, pos="nope", rotary=yarn),
+            attention(q, k, v, pos="nope"),
             rtol=0,
             atol=0,
         )
@@ -304,12 +304,12 @@ class TestErrors:
 # ---- the module, the KV cache and torch.compile ----
 
 
-def layer(mode, **kw):
+def layer(pos, **kw):
     torch.manual_seed(0)
-    return RoveAttention(16, 4, kw.pop("n_kv_head", 2), mode=mode, **kw).double()
+    return RoveAttention(16, 4, kw.pop("n_kv_head", 2), pos=pos, **kw).double()
 
 
-# (mode, rotary) of the layer (head dim 4); dynamic NTK's original context 4 is passed mid-decode
+# (pos, rotary) of the layer (head dim 4); dynamic NTK's original context 4 is passed mid-decode
 LAYER_ROTARIES = [
     ("nope", None),
     ("rope", Rotary(4, 2)),
@@ -320,12 +320,12 @@ LAYER_ROTARIES = [
 ]
 
 
-@pytest.mark.parametrize("mode, rotary", LAYER_ROTARIES)
+@pytest.mark.parametrize("pos, rotary", LAYER_ROTARIES)
 @pytest.mark.parametrize("shared_kv", [False, True])
-def test_decode_with_cache_equals_full_forward(mode, rotary, shared_kv):
+def test_decode_with_cache_equals_full_forward(pos, rotary, shared_kv):
     """Cached steps equal the full forward. Dynamic NTK (whose frequencies change between 4 and
     7 tokens) decodes with its length pinned to the final one; unpinned, a cache is refused."""
-    m = layer(mode, shared_kv=shared_kv, rotary=rotary)
+    m = layer(pos, shared_kv=shared_kv, rotary=rotary)
     x = torch.randn(2, 7, 16, **F64)
     full = m(x)
     cache = KVCache(1, 2, 2, 4, max_len=7, dtype=torch.float64)
@@ -347,9 +347,9 @@ def layer_by_attention(m, x, positions=None, doc_ids=None):
     heads = m.qkv(x).view(bsz, seq, -1, m.head_dim).transpose(1, 2)  # (B, Hq + 2 Hkv, T, D)
     q, k = heads[:, : m.n_head], heads[:, m.n_head : m.n_head + m.n_kv_head]
     v = None if m.shared_kv else heads[:, m.n_head + m.n_kv_head :]
-    pos = torch.arange(seq) if positions is None else positions
+    at = torch.arange(seq) if positions is None else positions
     y = attention(
-        q, k, v, mode=m.mode, rotary=m.rotary, q_positions=pos, k_positions=pos, doc_ids=doc_ids
+        q, k, v, pos=m.pos, rotary=m.rotary, q_positions=at, k_positions=at, doc_ids=doc_ids
     )  # (B, Hq, T, D)
     return m.proj(y.transpose(1, 2).reshape(bsz, seq, -1))
 
@@ -357,22 +357,22 @@ def layer_by_attention(m, x, positions=None, doc_ids=None):
 YARN_LAYERS = [Rotary(4, 2, scaling=YARN, temperature=t) for t in ("logits", "rotated")]
 
 
-@pytest.mark.parametrize("mode, rotary", LAYER_ROTARIES[1:] + [("rope", r) for r in YARN_LAYERS])
+@pytest.mark.parametrize("pos, rotary", LAYER_ROTARIES[1:] + [("rope", r) for r in YARN_LAYERS])
 @pytest.mark.parametrize("positions", ["default", "far", "shared", "per-sequence"])
-def test_layer_equals_functional_attention(mode, rotary, positions):
+def test_layer_equals_functional_attention(pos, rotary, positions):
     """Same temperature (YaRN, both placements), dynamic-NTK length and broadcasting as
     ``rove.attention``, at positions far past the original context and in every shape."""
-    m = layer(mode, rotary=rotary)
+    m = layer(pos, rotary=rotary)
     x = torch.randn(2, 6, 16, **F64)
-    pos = {
+    at = {
         "default": None,
         "far": 4096 + torch.arange(6),
         "shared": (4096 + torch.arange(6))[None],  # (1, T) for B = 2
         "per-sequence": torch.stack((torch.arange(6), 4096 + 3 * torch.arange(6))),
     }[positions]
     doc_ids = torch.tensor([[0, 0, 1, 1, 0, 0]] * 2) if positions == "default" else None
-    expected = layer_by_attention(m, x, pos, doc_ids)
-    torch.testing.assert_close(m(x, positions=pos, doc_ids=doc_ids), expected, rtol=0, atol=1e-12)
+    expected = layer_by_attention(m, x, at, doc_ids)
+    torch.testing.assert_close(m(x, positions=at, doc_ids=doc_ids), expected, rtol=0, atol=1e-12)
 
 
 def test_cache_holds_rotated_values():
@@ -399,7 +399,7 @@ def test_layer_is_attentive_convolution():
     x = torch.randn(1, 6, 16, **F64)
     w = m.qkv.weight.view(12, 4, 16)  # (heads: 4 q, 4 k, 4 v), D, d_in
     w_o = m.proj.weight.view(16, 4, 4).permute(1, 0, 2)  # (H, d_out, D)
-    y, _ = attentive_convolution(x[0], w[:4], w[4:8], w[8:], w_o, mode="rove", rotary=m.rotary)
+    y, _ = attentive_convolution(x[0], w[:4], w[4:8], w[8:], w_o, pos="rove", rotary=m.rotary)
     torch.testing.assert_close(m(x)[0], y, rtol=0, atol=1e-12)
 
 
@@ -413,12 +413,12 @@ def test_layer_errors():
         RoveAttention(16, 4, 3)
     with pytest.raises(ValueError, match="not divisible"):
         RoveAttention(18, 4)
-    with pytest.raises(ValueError, match="unknown position mode"):
-        RoveAttention(16, 4, mode="xpos")
+    with pytest.raises(ValueError, match="unknown position encoding"):
+        RoveAttention(16, 4, pos="xpos")
 
 
 def test_compile_fullgraph_matches_eager():
-    m = RoveAttention(32, 4, 2, mode="rove")
+    m = RoveAttention(32, 4, 2, pos="rove")
     x = torch.randn(2, 16, 32)
     compiled = torch.compile(m, fullgraph=True)
     torch.testing.assert_close(compiled(x), m(x), rtol=1e-5, atol=1e-5)
@@ -429,8 +429,8 @@ def test_compile_fullgraph_matches_eager():
 def test_low_precision_within_rounding(dtype):
     """Rotations run in fp32 whatever the input dtype; the error is that of SDPA in ``dtype``."""
     q, k, v = qkv(hkv=2, tq=16, tk=16, d=16)
-    ref = reference_attention(q, k, v, mode="rove", rotary=Rotary(16))
-    out = attention(*(t.to(dtype) for t in (q, k, v)), mode="rove", rotary=Rotary(16))
+    ref = reference_attention(q, k, v, pos="rove", rotary=Rotary(16))
+    out = attention(*(t.to(dtype) for t in (q, k, v)), pos="rove", rotary=Rotary(16))
     assert out.dtype == dtype
     eps = torch.finfo(dtype).eps
     assert (out.double() - ref).abs().max() <= 8 * eps * ref.abs().max()

@@ -35,7 +35,7 @@ def full_matrix(blocks: torch.Tensor, dim: int) -> torch.Tensor:
     return mat
 
 
-def reference(q, k, v, q_rep, k_rep, mode):
+def reference(q, k, v, q_rep, k_rep, pos):
     """score_ij = q_i^T rho_i^-1 rho_j k_j; y_i = sum_j A_ij rho_i^-1 rho_j v_j (rove), float64."""
     bsz, heads, q_len, dim = q.shape
     k_len = k.shape[2]
@@ -53,7 +53,7 @@ def reference(q, k, v, q_rep, k_rep, mode):
             g = h // (heads // k.shape[1])
             scores = torch.einsum("id,ijde,je->ij", q[b, h].double(), rel, k[b, g].double())
             weights = (scores / math.sqrt(dim)).softmax(-1)
-            if mode == "rove":
+            if pos == "rove":
                 out[b, h] = torch.einsum("ij,ijde,je->id", weights, rel, v[b, g].double())
             else:
                 out[b, h] = weights @ v[b, g].double()
@@ -83,9 +83,9 @@ def test_apply_representation_is_block_diagonal_matmul():
     assert_close(apply_representation(y, rep, transpose=True), x, atol=1e-12)
 
 
-@pytest.mark.parametrize("mode", ["rope", "rove"])
+@pytest.mark.parametrize("pos", ["rope", "rove"])
 @pytest.mark.parametrize("group", ["so3", "se3"])
-def test_matches_explicit_relative_reference(mode, group):
+def test_matches_explicit_relative_reference(pos, group):
     torch.manual_seed(0)
     rot, trans = poses(2, 5, 1)
     if group == "so3":
@@ -94,8 +94,8 @@ def test_matches_explicit_relative_reference(mode, group):
         rep, orthogonal = se3_representation(rot, trans, 3), False
     q = torch.randn(2, 4, 5, 13, dtype=torch.float64)
     k, v = (torch.randn(2, 2, 5, 13, dtype=torch.float64) for _ in range(2))  # GQA
-    out = group_attention(q, k, v, rep, rep, mode=mode, orthogonal=orthogonal)
-    assert_close(out, reference(q, k, v, rep, rep, mode), atol=1e-9)
+    out = group_attention(q, k, v, rep, rep, pos=pos, orthogonal=orthogonal)
+    assert_close(out, reference(q, k, v, rep, rep, pos), atol=1e-9)
 
 
 @pytest.mark.parametrize("group", ["so3", "se3"])
@@ -114,7 +114,7 @@ def test_invariant_to_a_global_change_of_frame(group):
 
     def run(r, t):
         rep = rep_of(r, t)
-        return group_attention(q, k, v, rep, rep, mode="rove", orthogonal=orthogonal)
+        return group_attention(q, k, v, rep, rep, pos="rove", orthogonal=orthogonal)
 
     base = run(rot, trans)
     assert_close(run(moved_rot, moved_trans), base, atol=1e-10)
@@ -124,18 +124,18 @@ def test_invariant_to_a_global_change_of_frame(group):
     assert (run(rot2, trans) - base).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("mode", ["rope", "rove"])
+@pytest.mark.parametrize("pos", ["rope", "rove"])
 @pytest.mark.parametrize("rotary_dim", [16, 10])
-def test_rotary_representation_reproduces_the_rove_path(mode, rotary_dim):
+def test_rotary_representation_reproduces_the_rove_path(pos, rotary_dim):
     torch.manual_seed(2)
     rotary = Rotary(16, rotary_dim, convention="interleaved")
-    pos = torch.tensor([0, 3, 4, 9, 20, 21])
-    rep = rotary_representation(rotary, pos)  # (T, r/2, 2, 2)
+    at = torch.tensor([0, 3, 4, 9, 20, 21])
+    rep = rotary_representation(rotary, at)  # (T, r/2, 2, 2)
     q = torch.randn(2, 4, 6, 16)
     k, v = (torch.randn(2, 2, 6, 16) for _ in range(2))
-    ours = group_attention(q, k, v, rep, rep, mode=mode, causal=True)
+    ours = group_attention(q, k, v, rep, rep, pos=pos, causal=True)
     theirs = rove.attention(
-        q, k, v, mode=mode, causal=True, rotary=rotary, q_positions=pos, k_positions=pos
+        q, k, v, pos=pos, causal=True, rotary=rotary, q_positions=at, k_positions=at
     )
     assert_close(ours, theirs, atol=1e-5)
 
@@ -152,4 +152,4 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="interleaved"):
         rotary_representation(Rotary(6), torch.arange(3))
     with pytest.raises(ValueError, match="choose 'rope' or 'rove'"):
-        group_attention(q, q, q, rep, rep, mode="nope")  # type: ignore[arg-type]
+        group_attention(q, q, q, rep, rep, pos="nope")  # type: ignore[arg-type]

@@ -210,7 +210,7 @@ def test_forward_matches_rove_attention(arch, rope):
         rotary = hf_rotary(model, q.shape[-1])
         q = hf_logit_scale(model, q, rotary.rotary_dim)
         y = attention(
-            q, k, v, mode="rove", rotary=rotary, q_positions=positions, scale=scaling(attn)
+            q, k, v, pos="rove", rotary=rotary, q_positions=positions, scale=scaling(attn)
         )
         proj = attn.dense if arch in ("gpt_neox", "phi") else attn.o_proj
         expected = proj(y.transpose(1, 2).flatten(2))
@@ -224,16 +224,16 @@ def test_rope_after_convert_is_the_original_model(arch):
     ids = torch.randint(1, VOCAB, (2, 10))
     with torch.no_grad():
         original = model(ids).logits
-        assert rove.hf.position_mode(model) == "rope"
+        assert rove.hf.current_pos(model) == "rope"
         rove.hf.convert(model)
         rove.hf.convert(model)  # idempotent: no second set of hooks
-        assert rove.hf.position_mode(model) == "rove"
+        assert rove.hf.current_pos(model) == "rove"
         converted = model(ids).logits
         rove.hf.convert(model, "rope")
         restored = model(ids).logits
     assert not torch.allclose(converted, original, atol=1e-3)  # RoVE really changes the model
     assert torch.equal(restored, original)
-    assert rove.hf.position_mode(model) == "rope"
+    assert rove.hf.current_pos(model) == "rope"
 
 
 def test_convert_twice_equals_convert_once():
@@ -435,7 +435,7 @@ def test_wrapped_projections_are_converted():
 
 def test_bad_input_is_rejected():
     model = tiny_model("llama")
-    with pytest.raises(ValueError, match="unknown mode"):
+    with pytest.raises(ValueError, match="unknown pos"):
         rove.hf.convert(model, "nope")
     with pytest.raises(TypeError, match=r"nn\.Module"):
         rove.hf.convert("llama")

@@ -136,14 +136,14 @@ def test_split_allocates_only_its_outputs(rotate_v, n_rotated):
     assert peak <= qkv.numel() * 4
 
 
-@pytest.mark.parametrize(("mode", "shared_kv"), [("rope", False), ("rope", True), ("rove", False)])
-def test_layer_compiles_fullgraph(mode, shared_kv):
+@pytest.mark.parametrize(("pos", "shared_kv"), [("rope", False), ("rope", True), ("rove", False)])
+def test_layer_compiles_fullgraph(pos, shared_kv):
     """Dynamo and AOT autograd trace the split/merge Functions (whose unrotated v is a view of
     their input) in one graph, forward and backward, matching eager."""
     from rove import RoveAttention
 
     torch.manual_seed(0)
-    layer = RoveAttention(32, 4, 2, mode=mode, shared_kv=shared_kv)
+    layer = RoveAttention(32, 4, 2, pos=pos, shared_kv=shared_kv)
     x = torch.randn(2, 16, 32, requires_grad=True)
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     results = []

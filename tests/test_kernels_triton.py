@@ -231,18 +231,18 @@ def test_dispatchers_route_to_triton():
         assert_close(a, r, torch.float32)
 
 
-@pytest.mark.parametrize("mode", ["rope", "rove"])
+@pytest.mark.parametrize("pos", ["rope", "rove"])
 @pytest.mark.parametrize("positions", ["default", "shared", "per-sequence"])
-def test_attention_layer_matches_torch_path(mode, positions):
+def test_attention_layer_matches_torch_path(pos, positions):
     """A whole layer (GQA, partial rotary): same output and gradients on either backend,
     with one broadcasting rule for positions: (T,), (1, T) for B > 1, or (B, T)."""
     from rove import attention
     from rove.layer import RoveAttention
 
     torch.manual_seed(0)
-    layer = RoveAttention(H * D, H, 2, mode=mode, rotary=Rotary(D, 8)).to(DEVICE)
+    layer = RoveAttention(H * D, H, 2, pos=pos, rotary=Rotary(D, 8)).to(DEVICE)
     x = randn(B, T, H * D).requires_grad_()
-    pos = {
+    at = {
         "default": None,
         "shared": (5 + torch.arange(T, device=DEVICE))[None],  # (1, T)
         "per-sequence": torch.tensor([[3], [70000]], device=DEVICE)
@@ -252,8 +252,8 @@ def test_attention_layer_matches_torch_path(mode, positions):
     results = []
     for backend in ("triton", "torch"):
         with use_backend(backend):
-            y = layer(x, positions=pos)
-            a = attention(q, q, q, rotary=layer.rotary, q_positions=pos, k_positions=pos)
+            y = layer(x, positions=at)
+            a = attention(q, q, q, rotary=layer.rotary, q_positions=at, k_positions=at)
         grads = torch.autograd.grad(y.square().sum(), (x, layer.qkv.weight))
         results.append((y, a, *grads))
     for a, r in zip(*results, strict=True):
@@ -263,7 +263,7 @@ def test_attention_layer_matches_torch_path(mode, positions):
 def test_positions_that_do_not_broadcast_fail_clearly_on_triton():
     from rove.layer import RoveAttention
 
-    layer = RoveAttention(H * D, H, mode="rove", rotary=Rotary(D)).to(DEVICE)
+    layer = RoveAttention(H * D, H, pos="rove", rotary=Rotary(D)).to(DEVICE)
     cos, sin = tables(D, per_batch=True)  # (2, T, r/2)
     with use_backend("triton"):
         with pytest.raises(ValueError, match="do not match batch size 2"):
@@ -282,8 +282,8 @@ def _flash_layout(t: torch.Tensor) -> bool:
     )
 
 
-@pytest.mark.parametrize("mode", ["rope", "rove"])
-def test_layer_keeps_flash_attention_layouts(mode, monkeypatch):
+@pytest.mark.parametrize("pos", ["rope", "rove"])
+def test_layer_keeps_flash_attention_layouts(pos, monkeypatch):
     """q, k, v reach SDPA in FlashAttention's layout (unrotated v as a view of the projection),
     and the gradient of its output comes back in it: no transposing copy around attention."""
     import rove.layer
@@ -299,7 +299,7 @@ def test_layer_keeps_flash_attention_layouts(mode, monkeypatch):
         return out
 
     monkeypatch.setattr(rove.layer, "attend", attend)
-    layer = RoveAttention(H * D, H, 2, mode=mode, rotary=Rotary(D, 8)).to(DEVICE)
+    layer = RoveAttention(H * D, H, 2, pos=pos, rotary=Rotary(D, 8)).to(DEVICE)
     with use_backend("triton"):
         layer(randn(B, T, H * D)).square().sum().backward()
     assert all(_flash_layout(seen[n]) for n in ("q", "k", "v", "dO")), {

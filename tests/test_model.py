@@ -40,7 +40,7 @@ def attention_forward(m: GPT, idx: torch.Tensor, positions: torch.Tensor | None 
         heads = a.qkv(block.ln_1(x)).view(bsz, seq, -1, a.head_dim).transpose(1, 2)
         q, k = heads[:, : a.n_head], heads[:, a.n_head : a.n_head + a.n_kv_head]
         v = None if a.shared_kv else heads[:, a.n_head + a.n_kv_head :]
-        y = attention(q, k, v, mode=a.mode, rotary=a.rotary, q_positions=pos, k_positions=pos)
+        y = attention(q, k, v, pos=a.pos, rotary=a.rotary, q_positions=pos, k_positions=pos)
         x = x + a.proj(y.transpose(1, 2).reshape(bsz, seq, -1))  # (B, T, C)
         x = x + block.mlp(block.ln_2(x))
     return m.lm_head(m.ln_f(x))

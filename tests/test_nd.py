@@ -39,7 +39,7 @@ def relative_rotation(rotary: NDRotary, delta: torch.Tensor) -> torch.Tensor:
     return mat
 
 
-def reference(q, k, v, rotary, q_pos, k_pos, mode):
+def reference(q, k, v, rotary, q_pos, k_pos, pos):
     """Pair-by-pair float64 attention: score = q_i^T R_(p_j - p_i) k_j; rove values R_(p_j - p_i) v_j."""
     q, k, v = q.double(), k.double(), v.double()
     bsz, heads, q_len, dim = q.shape
@@ -54,11 +54,11 @@ def reference(q, k, v, rotary, q_pos, k_pos, mode):
                 for i in range(q_len)
             ]
         )  # (Tq, Tk, D, D)
-        value_rot = rot if mode == "rove" else torch.eye(dim, dtype=torch.float64)
+        value_rot = rot if pos == "rove" else torch.eye(dim, dtype=torch.float64)
         for h in range(heads):
             scores = torch.einsum("id,ijde,je->ij", q[b, h], rot, k[b, h]) / math.sqrt(dim)
             weights = scores.softmax(-1)
-            if mode == "rove":
+            if pos == "rove":
                 out[b, h] = torch.einsum("ij,ijde,je->id", weights, value_rot, v[b, h])
             else:
                 out[b, h] = weights @ v[b, h]
@@ -94,8 +94,8 @@ def test_mixed_keeps_magnitudes_and_is_seeded():
 
 def test_one_axis_axial_is_ordinary_rotary():
     nd, oned = NDRotary(16, 1, base=10000.0), Rotary(16, base=10000.0)
-    pos = torch.arange(40)
-    nd_tables, oned_tables = nd.tables(pos[:, None], torch.float64), oned.tables(pos, torch.float64)
+    at = torch.arange(40)
+    nd_tables, oned_tables = nd.tables(at[:, None], torch.float64), oned.tables(at, torch.float64)
     for a, b in zip(nd_tables, oned_tables, strict=True):
         assert_close(a, b, atol=1e-14)
 
@@ -105,33 +105,31 @@ def test_one_axis_axial_is_ordinary_rotary():
 @pytest.mark.parametrize("rotary_dim", [None, 8])
 def test_rotate_matches_explicit_matrix_and_inverts(layout, convention, rotary_dim):
     rot = NDRotary(12, 2, rotary_dim, layout=layout, convention=convention, seed=1)
-    pos = torch.rand(7, 2, dtype=torch.float64) * 10
+    at = torch.rand(7, 2, dtype=torch.float64) * 10
     x = torch.randn(2, 3, 7, 12, dtype=torch.float64)
-    y = rot.rotate(x, pos)
+    y = rot.rotate(x, at)
     origin = torch.zeros(2, dtype=torch.float64)
-    mats = torch.stack([relative_rotation(rot, pos[t] - origin) for t in range(7)])  # R_p
+    mats = torch.stack([relative_rotation(rot, at[t] - origin) for t in range(7)])  # R_p
     assert_close(y, torch.einsum("tde,bhte->bhtd", mats, x), atol=1e-12)
-    assert_close(rot.unrotate(y, pos), x, atol=1e-12)
+    assert_close(rot.unrotate(y, at), x, atol=1e-12)
     x32 = x.float()
-    assert_close(rot.unrotate(rot.rotate(x32, pos.float()), pos.float()), x32, atol=1e-6)
+    assert_close(rot.unrotate(rot.rotate(x32, at.float()), at.float()), x32, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["rope", "rove"])
+@pytest.mark.parametrize("pos", ["rope", "rove"])
 @pytest.mark.parametrize("layout", ["axial", "mixed"])
 @pytest.mark.parametrize("convention", ["half", "interleaved"])
 @pytest.mark.parametrize("n_axes", [2, 3])
-def test_attention_matches_float64_reference(mode, layout, convention, n_axes):
+def test_attention_matches_float64_reference(pos, layout, convention, n_axes):
     torch.manual_seed(0)
     head_dim = 12
     rot = NDRotary(head_dim, n_axes, layout=layout, convention=convention, base=10.0, seed=2)
     sizes = (2, 3) if n_axes == 2 else (2, 2, 2)
-    pos = grid_positions(*sizes)
-    t = pos.shape[0]
+    at = grid_positions(*sizes)
+    t = at.shape[0]
     q, k, v = (torch.randn(2, 2, t, head_dim, dtype=torch.float64) for _ in range(3))
-    out = rove.attention(
-        q, k, v, mode=mode, causal=False, rotary=rot, q_positions=pos, k_positions=pos
-    )
-    assert_close(out, reference(q, k, v, rot, pos, pos, mode), atol=1e-10)
+    out = rove.attention(q, k, v, pos=pos, causal=False, rotary=rot, q_positions=at, k_positions=at)
+    assert_close(out, reference(q, k, v, rot, at, at, pos), atol=1e-10)
 
 
 def test_batched_float_positions_match_reference():
@@ -143,22 +141,22 @@ def test_batched_float_positions_match_reference():
     q = torch.randn(2, 2, 4, 12, dtype=torch.float64)
     k, v = (torch.randn(2, 2, 5, 12, dtype=torch.float64) for _ in range(2))
     out = rove.attention(
-        q, k, v, mode="rove", causal=False, rotary=rot, q_positions=q_pos, k_positions=k_pos
+        q, k, v, pos="rove", causal=False, rotary=rot, q_positions=q_pos, k_positions=k_pos
     )
     assert_close(out, reference(q, k, v, rot, q_pos, k_pos, "rove"), atol=1e-10)
 
 
-@pytest.mark.parametrize("mode", ["rope", "rove"])
+@pytest.mark.parametrize("pos", ["rope", "rove"])
 @pytest.mark.parametrize("layout", ["axial", "mixed"])
-def test_translation_of_the_grid_changes_nothing(mode, layout):
+def test_translation_of_the_grid_changes_nothing(pos, layout):
     torch.manual_seed(2)
     rot = NDRotary(16, 2, layout=layout)
     grid = grid_positions(4, 5)
     q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
 
-    def run(pos):
+    def run(at):
         return rove.attention(
-            q, k, v, mode=mode, causal=False, rotary=rot, q_positions=pos, k_positions=pos
+            q, k, v, pos=pos, causal=False, rotary=rot, q_positions=at, k_positions=at
         )
 
     base = run(grid)
@@ -171,7 +169,7 @@ def test_translation_of_the_grid_changes_nothing(mode, layout):
 def test_rove_attention_layer_accepts_nd_rotary():
     torch.manual_seed(3)
     rot = NDRotary(8, 2)
-    layer = RoveAttention(32, 4, mode="rove", rotary=rot, causal=False).double()
+    layer = RoveAttention(32, 4, pos="rove", rotary=rot, causal=False).double()
     grid = grid_positions(3, 3)
     x = torch.randn(2, 9, 32, dtype=torch.float64)
     y = layer(x, positions=grid)
@@ -190,8 +188,8 @@ def test_learned_frequencies_get_gradients():
     # also through rove.attention, whose kernels take the differentiable path for learned tables
     rot.freqs.grad = None
     q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
-    pos = torch.rand(5, 2) * 4
-    rove.attention(q, k, v, rotary=rot, q_positions=pos, k_positions=pos).sum().backward()
+    at = torch.rand(5, 2) * 4
+    rove.attention(q, k, v, rotary=rot, q_positions=at, k_positions=at).sum().backward()
     assert rot.freqs.grad is not None and rot.freqs.grad.abs().sum() > 0
 
 
@@ -211,4 +209,4 @@ def test_errors_name_the_problem():
         NDRotary(8, 2, layout="diagonal")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"q_positions must have shape \(4, 2\)"):
         q = torch.randn(1, 1, 4, 8)
-        rove.attention(q, q, q, mode="rove", rotary=rot, q_positions=torch.arange(4))
+        rove.attention(q, q, q, pos="rove", rotary=rot, q_positions=torch.arange(4))

@@ -75,8 +75,8 @@ def test_positions_extrapolate_or_interpolate():
 def test_rotary_variants_share_one_nd_rotary():
     model = ViT(tiny("rove-mixed"))
     assert model.rotary is not None and model.rotary.layout == "mixed"
-    assert all(b.attn.rotary is model.rotary and b.attn.mode == "rove" for b in model.blocks)
-    assert all(b.attn.mode == "nope" for b in ViT(tiny("learned")).blocks)
+    assert all(b.attn.rotary is model.rotary and b.attn.pos == "rove" for b in model.blocks)
+    assert all(b.attn.pos == "nope" for b in ViT(tiny("learned")).blocks)
 
 
 def test_training_is_seeded_and_learns(digits):

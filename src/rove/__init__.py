@@ -16,13 +16,18 @@ from typing import TYPE_CHECKING, Any
 from rove._version import __version__
 
 if TYPE_CHECKING:
-    from rove.functional import MODES, attention, document_mask, positions_from_doc_ids
+    from rove.functional import (
+        ATTENTION_POSITIONS,
+        attention,
+        document_mask,
+        positions_from_doc_ids,
+    )
     from rove.kv_cache import KVCache
     from rove.layer import RoveAttention
     from rove.rotary import Rotary, apply_rotary, convert_convention
 
 _HOME = {
-    "MODES": "rove.functional",
+    "ATTENTION_POSITIONS": "rove.functional",
     "attention": "rove.functional",
     "document_mask": "rove.functional",
     "positions_from_doc_ids": "rove.functional",
@@ -34,7 +39,7 @@ _HOME = {
 }
 
 __all__ = [
-    "MODES",
+    "ATTENTION_POSITIONS",
     "KVCache",
     "Rotary",
     "RoveAttention",

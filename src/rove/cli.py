@@ -12,7 +12,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("rove.compare", "RoPE vs RoVE on the embedded CPU corpus: train, evaluate, report"),
-    "compare": ("rove.compare", "train and evaluate several position modes over seeds, report"),
+    "compare": ("rove.compare", "train and evaluate several position encodings over seeds, report"),
     "train": ("rove.train.cli", "train a GPT-2 style model (torchrun for many GPUs)"),
     "eval": ("rove.eval.suite", "evaluate a checkpoint: perplexity vs length, RULER, ICL, CORE"),
     "analyze": ("rove.analysis", "mixer matrix, offset kernels and circuits of a model's head"),

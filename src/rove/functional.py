@@ -1,4 +1,4 @@
-"""Functional attention with a position mode: ``nope``, ``rope`` or ``rove``.
+"""Functional attention with a position encoding: ``nope``, ``rope`` or ``rove``.
 
     y_i = R_(-p_i) sum_j A_ij R_(p_j) v_j = sum_j A_ij R_(p_j - p_i) v_j        (rove)
 
@@ -34,8 +34,8 @@ from rove.kernels import rotate
 from rove.rotary import Convention, Rotary, check_positions, table_dtype
 
 __all__ = [
-    "MODES",
-    "Mode",
+    "ATTENTION_POSITIONS",
+    "Pos",
     "RotarySpec",
     "attend",
     "attention",
@@ -47,8 +47,8 @@ __all__ = [
     "rotate_output",
 ]
 
-Mode = Literal["nope", "rope", "rove"]
-MODES: tuple[str, ...] = ("nope", "rope", "rove")
+Pos = Literal["nope", "rope", "rove"]
+ATTENTION_POSITIONS: tuple[str, ...] = ("nope", "rope", "rove")
 
 Tables = tuple[torch.Tensor, torch.Tensor]
 
@@ -95,15 +95,15 @@ class RotarySpec(Protocol):
     ) -> Tables: ...
 
 
-def _is_mode(mode: str) -> TypeGuard[Mode]:
-    return mode in MODES
+def _is_pos(pos: str) -> TypeGuard[Pos]:
+    return pos in ATTENTION_POSITIONS
 
 
-def check_mode(mode: str) -> Mode:
-    """``mode`` as a ``Mode``; a ValueError naming the choices if it is none."""
-    if not _is_mode(mode):
-        raise ValueError(f"unknown position mode {mode!r}; choose one of {MODES}")
-    return mode
+def check_pos(pos: str) -> Pos:
+    """``pos`` as a ``Pos``; a ValueError naming the choices if it is none."""
+    if not _is_pos(pos):
+        raise ValueError(f"unknown position encoding {pos!r}; choose one of {ATTENTION_POSITIONS}")
+    return pos
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
@@ -198,15 +198,15 @@ def _tables(
 
 
 def logit_temperature(
-    q: torch.Tensor, rotary: RotarySpec | None, mode: Mode
+    q: torch.Tensor, rotary: RotarySpec | None, pos: Pos
 ) -> tuple[torch.Tensor, float]:
     """The queries and softmax scale that apply the schedule's logit scale (YaRN temperature).
 
     ``rotary.temperature == "logits"``: every logit, through the scale. ``"rotated"``: the
     rotated channels of ``q`` ``(B, H, T, D)`` are scaled instead, so only their share of
-    ``q.k`` is (HF's convention). No temperature in ``nope`` mode, nor on V or O.
+    ``q.k`` is (HF's convention). No temperature under ``nope``, nor on V or O.
     """
-    if mode == "nope" or rotary is None:
+    if pos == "nope" or rotary is None:
         return q, 1 / math.sqrt(q.shape[-1])
     scale = rotary.softmax_scale(q.shape[-1])
     if rotary.temperature == "logits" or rotary.logit_scale == 1.0:
@@ -220,20 +220,20 @@ def rotate_inputs(
     k: torch.Tensor,
     v: torch.Tensor | None,
     *,
-    mode: Mode,
+    pos: Pos,
     rotary: RotarySpec | None,
     q_positions: torch.Tensor,
     k_positions: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Tables | None]:
     """Stage 1: rotate q and k (rope, rove) and v (rove); ``v=None`` means shared KV (v = k).
 
-    ``rotary`` may be None in ``nope`` mode only. Returns ``(q, k, v, q_tables)``; ``q_tables``
+    ``rotary`` may be None under ``nope`` only. Returns ``(q, k, v, q_tables)``; ``q_tables``
     (cos, sin at the query positions) is what ``rotate_output`` needs under RoVE, else None.
     """
-    if mode == "nope":
+    if pos == "nope":
         return q, k, k if v is None else v, None
     if rotary is None:
-        raise ValueError(f"mode {mode!r} needs a rotary")
+        raise ValueError(f"pos {pos!r} needs a rotary")
     seq_len = rotary.dynamic_length(q_positions, k_positions)  # None unless dynamic NTK
     q_tab = _tables(rotary, q_positions, q.dtype, seq_len)
     k_tab = q_tab if k_positions is q_positions else _tables(rotary, k_positions, k.dtype, seq_len)
@@ -241,10 +241,10 @@ def rotate_inputs(
     q_rot = rotate(q, *q_tab, convention=conv)
     k_rot = rotate(k, *k_tab, convention=conv)
     if v is None:  # shared KV: the values are the (rotated under RoVE) keys
-        v_rot = k_rot if mode == "rove" else k
+        v_rot = k_rot if pos == "rove" else k
     else:
-        v_rot = rotate(v, *k_tab, convention=conv) if mode == "rove" else v
-    return q_rot, k_rot, v_rot, q_tab if mode == "rove" else None
+        v_rot = rotate(v, *k_tab, convention=conv) if pos == "rove" else v
+    return q_rot, k_rot, v_rot, q_tab if pos == "rove" else None
 
 
 def attend(
@@ -295,7 +295,7 @@ def attention(
     k: torch.Tensor,
     v: torch.Tensor | None = None,
     *,
-    mode: Mode = "rove",
+    pos: Pos = "rove",
     causal: bool = True,
     rotary: RotarySpec | None = None,
     q_positions: torch.Tensor | None = None,
@@ -309,7 +309,7 @@ def attention(
         q: ``(B, Hq, Tq, D)`` queries.
         k: ``(B, Hkv, Tk, D)`` keys; ``Hq`` must be a multiple of ``Hkv`` (GQA / MQA).
         v: ``(B, Hkv, Tk, D)`` values, or ``None`` for shared KV (the keys serve as values).
-        mode: ``"nope"``, ``"rope"`` (rotate q, k) or ``"rove"`` (also v, and the output back).
+        pos: ``"nope"``, ``"rope"`` (rotate q, k) or ``"rove"`` (also v, and the output back).
         causal: causal mask; with ``Tq < Tk`` the last query lines up with the last key
             (``Tq > Tk`` is an error).
         rotary: the rotary spec; default ``Rotary(D)`` (all channels, base 10000, half-split).
@@ -324,14 +324,14 @@ def attention(
     Returns:
         ``(B, Hq, Tq, D)``, in the query's frame under RoVE.
     """
-    check_mode(mode)
+    check_pos(pos)
     _check_qkv(q, k, v)
     head_dim, q_len, k_len = q.shape[-1], q.shape[2], k.shape[2]
     if rotary is None:
-        rotary = _default_rotary(head_dim) if mode != "nope" else None
+        rotary = _default_rotary(head_dim) if pos != "nope" else None
     elif rotary.head_dim != head_dim:
         raise ValueError(f"rotary.head_dim is {rotary.head_dim} but q has head dim {head_dim}")
-    if mode != "nope" and head_dim % 2:
+    if pos != "nope" and head_dim % 2:
         raise ValueError(f"rotary modes need an even head dim, got {head_dim}")
     if q_positions is None:
         q_positions = torch.arange(k_len - q_len, k_len, device=q.device)
@@ -350,10 +350,10 @@ def attention(
         runs = document_runs(doc_ids)
         mask = document_mask(runs, runs, q_len, k_len, causal, q.device)
     q, k, v, q_tab = rotate_inputs(
-        q, k, v, mode=mode, rotary=rotary, q_positions=q_positions, k_positions=k_positions
+        q, k, v, pos=pos, rotary=rotary, q_positions=q_positions, k_positions=k_positions
     )
     if scale is None:
-        q, scale = logit_temperature(q, rotary, mode)
+        q, scale = logit_temperature(q, rotary, pos)
     out = attend(q, k, v, causal=causal, scale=scale, mask=mask)
     return rotate_output(out, q_tab, rotary)
 

@@ -41,7 +41,7 @@ __all__ = [
     "so3_representation",
 ]
 
-GroupMode = Literal["rope", "rove"]
+GroupPos = Literal["rope", "rove"]
 
 
 def _check_rep(rep: torch.Tensor, x: torch.Tensor, name: str) -> None:
@@ -105,7 +105,7 @@ def group_attention(
     q_rep: torch.Tensor,
     k_rep: torch.Tensor,
     *,
-    mode: GroupMode = "rove",
+    pos: GroupPos = "rove",
     causal: bool = False,
     scale: float | None = None,
     mask: torch.Tensor | None = None,
@@ -117,14 +117,14 @@ def group_attention(
         q: ``(B, Hq, Tq, D)``; k, v: ``(B, Hkv, Tk, D)`` (GQA when ``Hq > Hkv``).
         q_rep: ``rho(g_i)`` of the queries, ``(Tq, n, k, k)`` or ``(B, Tq, n, k, k)``.
         k_rep: ``rho(g_j)`` of the keys and values, ``(Tk, n, k, k)`` or ``(B, Tk, n, k, k)``.
-        mode: ``"rope"`` transforms q and k; ``"rove"`` also v, and the output back.
+        pos: ``"rope"`` transforms q and k; ``"rove"`` also v, and the output back.
         causal, scale, mask: as in ``rove.functional.attend``; scale defaults to ``1/sqrt(D)``.
         orthogonal: ``rho`` is orthogonal (checked); else inverses are computed with ``solve``.
     Returns:
         ``(B, Hq, Tq, D)``, in the query's frame under RoVE.
     """
-    if mode not in ("rope", "rove"):
-        raise ValueError(f"unknown group attention mode {mode!r}; choose 'rope' or 'rove'")
+    if pos not in ("rope", "rove"):
+        raise ValueError(f"unknown group attention pos {pos!r}; choose 'rope' or 'rove'")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 4:
             raise ValueError(f"{name} must have shape (B, H, T, D), got {tuple(t.shape)}")
@@ -143,10 +143,10 @@ def group_attention(
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     q = apply_representation(q, q_frame)
     k = apply_representation(k, k_rep)
-    if mode == "rove":
+    if pos == "rove":
         v = apply_representation(v, k_rep)
     out = attend(q, k, v, causal=causal, scale=scale, mask=mask)  # (B, Hq, Tq, D)
-    if mode == "rope":
+    if pos == "rope":
         return out
     return apply_representation(out, q_frame, transpose=True)  # (rho^-T)^T y = rho^-1 y
 

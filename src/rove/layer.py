@@ -1,4 +1,4 @@
-"""``RoveAttention``: a multi-head attention layer with a position mode, GQA and a KV cache.
+"""``RoveAttention``: a multi-head attention layer with a position encoding, GQA and a KV cache.
 
 One fused projection produces q, k and v; the rotations run through ``rove.kernels`` (fused
 Triton on CUDA: the QKV split, rotation and transpose in one launch, and the output un-rotation
@@ -13,10 +13,10 @@ import torch
 import torch.nn as nn
 
 from rove.functional import (
-    Mode,
+    Pos,
     RotarySpec,
     attend,
-    check_mode,
+    check_pos,
     document_mask,
     document_runs,
     logit_temperature,
@@ -39,14 +39,14 @@ def split_heads(
 
 
 class RoveAttention(nn.Module):
-    """Causal self-attention with ``mode`` in ``nope | rope | rove``.
+    """Causal self-attention with ``pos`` in ``nope | rope | rove``.
 
     Arguments:
         d_model: model width.
         n_head: query heads.
         n_kv_head: key/value heads (GQA / MQA); default ``n_head``.
         head_dim: channels per head; default ``d_model // n_head``.
-        mode: position mode.
+        pos: position encoding.
         shared_kv: one projection serves as keys and values (K = V, DeepSeek-V4 style).
         rotary: rotary spec (partial rotary, base, convention, scaling); default ``Rotary(head_dim)``;
             an ``NDRotary`` for n-D positions.
@@ -61,14 +61,14 @@ class RoveAttention(nn.Module):
         n_kv_head: int | None = None,
         *,
         head_dim: int | None = None,
-        mode: Mode = "rove",
+        pos: Pos = "rove",
         shared_kv: bool = False,
         rotary: RotarySpec | None = None,
         causal: bool = True,
         bias: bool = False,
     ) -> None:
         super().__init__()
-        check_mode(mode)
+        check_pos(pos)
         n_kv_head = n_head if n_kv_head is None else n_kv_head
         if n_head % n_kv_head:
             raise ValueError(
@@ -78,12 +78,12 @@ class RoveAttention(nn.Module):
             if d_model % n_head:
                 raise ValueError(f"d_model ({d_model}) is not divisible by n_head ({n_head})")
             head_dim = d_model // n_head
-        if mode != "nope":
+        if pos != "nope":
             rotary = Rotary(head_dim) if rotary is None else rotary
             if rotary.head_dim != head_dim:
                 raise ValueError(f"rotary.head_dim {rotary.head_dim} != head_dim {head_dim}")
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
-        self.mode, self.shared_kv, self.causal = mode, shared_kv, causal
+        self.pos, self.shared_kv, self.causal = pos, shared_kv, causal
         self.rotary = rotary
         n_proj = n_head + (1 if shared_kv else 2) * n_kv_head
         self.qkv = nn.Linear(d_model, n_proj * head_dim, bias=bias)
@@ -100,7 +100,7 @@ class RoveAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"mode={self.mode!r}, n_head={self.n_head}, n_kv_head={self.n_kv_head}, "
+            f"pos={self.pos!r}, n_head={self.n_head}, n_kv_head={self.n_kv_head}, "
             f"head_dim={self.head_dim}, shared_kv={self.shared_kv}, rotary={self.rotary}"
         )
 
@@ -143,7 +143,7 @@ class RoveAttention(nn.Module):
                 "length with Rotary.at_length(...) (GPT.generate pins prompt + new tokens)"
             )
         qkv = self.qkv(x)  # (B, T, (Hq + 2 Hkv) D)
-        if self.mode == "nope":
+        if self.pos == "nope":
             q, k, v = split_heads(qkv, self.n_head, self.n_kv_head, self.shared_kv)
         else:
             assert self.rotary is not None
@@ -154,11 +154,11 @@ class RoveAttention(nn.Module):
                 *tables,
                 n_head=self.n_head,
                 n_kv_head=self.n_kv_head,
-                rotate_v=self.mode == "rove",
+                rotate_v=self.pos == "rove",
                 shared_kv=self.shared_kv,
                 convention=self.rotary.convention,
             )
-        q, scale = logit_temperature(q, self.rotary, self.mode)
+        q, scale = logit_temperature(q, self.rotary, self.pos)
         mask = None
         if doc_ids is not None:
             if cache is not None:
@@ -172,7 +172,7 @@ class RoveAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(layer_idx, k, v)
         out = attend(q, k, v, causal=self.causal, scale=scale, mask=mask)  # (B, Hq, T, D)
-        if self.mode == "rove":
+        if self.pos == "rove":
             assert self.rotary is not None and tables is not None  # set in the rotary modes
             y = unrotate_output(out, *tables, convention=self.rotary.convention)
         else:

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from rove.functional import Mode, check_mode
+from rove.functional import Pos, check_pos
 from rove.rotary import Rotary
 
 __all__ = [
@@ -54,7 +54,7 @@ def rotation_matrix(
 
 def _relative_rotations(
     rotary: Rotary | None,
-    mode: str,
+    pos: str,
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
     dim: int,
@@ -63,21 +63,21 @@ def _relative_rotations(
     """(score rotation, value kernel rotation), each ``(Tq, Tk, D, D)``, for one sequence."""
     delta = k_pos[None, :] - q_pos[:, None]  # (Tq, Tk): p_j - p_i
     eye = torch.eye(dim, dtype=torch.float64).expand(*delta.shape, dim, dim)
-    if mode == "nope":
+    if pos == "nope":
         return eye, eye
     assert rotary is not None
     rot = rotation_matrix(rotary, delta, seq_len)
-    return rot, (rot if mode == "rove" else eye)
+    return rot, (rot if pos == "rove" else eye)
 
 
-def _logit_weights(rotary: Rotary | None, mode: str, dim: int) -> tuple[torch.Tensor, float]:
+def _logit_weights(rotary: Rotary | None, pos: str, dim: int) -> tuple[torch.Tensor, float]:
     """``(w, scale)`` with logits ``scale * (w * q)^T R k``: where the YaRN temperature goes.
 
     ``"logits"``: all of ``q.k`` (through ``scale``); ``"rotated"``: the rotated channels only
     (HF folds the factor into cos/sin). No temperature without rotation (``nope``).
     """
     w = torch.ones(dim, dtype=torch.float64)
-    if mode == "nope" or rotary is None:
+    if pos == "nope" or rotary is None:
         return w, 1 / math.sqrt(dim)
     if rotary.temperature == "rotated":
         w[: rotary.rotary_dim] = rotary.logit_scale
@@ -103,7 +103,7 @@ def reference_attention(
     k: torch.Tensor,
     v: torch.Tensor | None = None,
     *,
-    mode: Mode = "rove",
+    pos: Pos = "rove",
     causal: bool = True,
     rotary: Rotary | None = None,
     q_positions: torch.Tensor | None = None,
@@ -115,14 +115,14 @@ def reference_attention(
 
     ``score_ij = scale * q_i^T R_(p_j - p_i) k_j`` and ``y_i = sum_j A_ij psi_(p_j - p_i) v_j``.
     """
-    check_mode(mode)
+    check_pos(pos)
     bsz, n_q, q_len, dim = q.shape
     n_kv, k_len = k.shape[1], k.shape[2]
     v = k if v is None else v
-    if mode != "nope" and rotary is None:
+    if pos != "nope" and rotary is None:
         rotary = Rotary(dim)
     if scale is None:
-        weight, scale = _logit_weights(rotary, mode, dim)
+        weight, scale = _logit_weights(rotary, pos, dim)
     else:
         weight = torch.ones(dim, dtype=torch.float64)
     q_pos = torch.arange(k_len - q_len, k_len) if q_positions is None else q_positions.cpu()
@@ -137,7 +137,7 @@ def reference_attention(
         qp = q_pos[b % q_pos.shape[0]] if q_pos.ndim == 2 else q_pos  # (1, T) broadcasts
         kp = k_pos[b % k_pos.shape[0]] if k_pos.ndim == 2 else k_pos
         seq_len = _top(q_pos, k_pos)
-        score_rot, value_rot = _relative_rotations(rotary, mode, qp, kp, dim, seq_len)
+        score_rot, value_rot = _relative_rotations(rotary, pos, qp, kp, dim, seq_len)
         allowed = torch.ones(q_len, k_len, dtype=torch.bool)
         if causal:
             allowed &= torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None]
@@ -170,7 +170,7 @@ def mixer_matrix(
     w_v: torch.Tensor,
     w_o: torch.Tensor,
     *,
-    mode: Mode,
+    pos: Pos,
     rotary: Rotary | None = None,
     q_positions: torch.Tensor | None = None,
     k_positions: torch.Tensor | None = None,
@@ -183,12 +183,12 @@ def mixer_matrix(
     Block ``(i, j)`` is ``sum_h A_hij W_O,h psi_(p_j - p_i) W_V,h``. Multiplying it by the
     flattened input ``x.reshape(-1)`` gives the flattened output of the attention layer.
     """
-    check_mode(mode)
+    check_pos(pos)
     _, q_len, k_len = weights.shape
     dim = w_v.shape[1]
     q_pos = torch.arange(k_len - q_len, k_len) if q_positions is None else q_positions
     k_pos = torch.arange(k_len) if k_positions is None else k_positions
-    _, value_rot = _relative_rotations(rotary, mode, q_pos, k_pos, dim, _top(q_pos, k_pos))
+    _, value_rot = _relative_rotations(rotary, pos, q_pos, k_pos, dim, _top(q_pos, k_pos))
     blocks = torch.einsum(
         "hij,hod,ijde,hen->iojn", weights.double(), w_o.double(), value_rot, w_v.double()
     )  # (Tq, d_out, Tk, d_in)
@@ -202,7 +202,7 @@ def attentive_convolution(
     w_v: torch.Tensor,
     w_o: torch.Tensor,
     *,
-    mode: Mode,
+    pos: Pos,
     rotary: Rotary | None = None,
     causal: bool = True,
     positions: torch.Tensor | None = None,
@@ -220,11 +220,11 @@ def attentive_convolution(
     seq, dim = x.shape[0], w_q.shape[1]
     q = torch.einsum("hdi,ti->htd", w_q.double(), x)[None]  # (1, H, T, D)
     k = torch.einsum("hdi,ti->htd", w_k.double(), x)[None]
-    pos = torch.arange(seq) if positions is None else positions
-    if mode != "nope" and rotary is None:
+    at = torch.arange(seq) if positions is None else positions
+    if pos != "nope" and rotary is None:
         rotary = Rotary(dim)
-    weight, scale = _logit_weights(rotary, mode, dim)
-    score_rot, value_rot = _relative_rotations(rotary, mode, pos, pos, dim, _top(pos))
+    weight, scale = _logit_weights(rotary, pos, dim)
+    score_rot, value_rot = _relative_rotations(rotary, pos, at, at, dim, _top(at))
     scores = scale * torch.einsum("hid,ijde,hje->hij", weight * q[0], score_rot, k[0])
     if causal:
         scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))

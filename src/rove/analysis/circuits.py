@@ -55,8 +55,8 @@ def wavelengths(rotary: Rotary) -> torch.Tensor:
 def _require_rotary(attn: RoveAttention) -> Rotary:
     if not isinstance(attn.rotary, Rotary):
         raise ValueError(
-            "this analysis needs a 1-D rotary layer (rope or rove), got mode "
-            f"{attn.mode!r} with {type(attn.rotary).__name__}"
+            "this analysis needs a 1-D rotary layer (rope or rove), got pos "
+            f"{attn.pos!r} with {type(attn.rotary).__name__}"
         )
     return attn.rotary
 
@@ -67,7 +67,7 @@ def offset_kernels(attn: RoveAttention, head: int, deltas: Sequence[int]) -> tor
     Under RoPE (and NoPE) the value path has no rotation, so every kernel is ``W_O W_V``.
     """
     w = head_weights(attn, head)
-    if attn.mode != "rove":
+    if attn.pos != "rove":
         return (w.w_o @ w.w_v).expand(len(deltas), -1, -1).clone()
     return value_kernels(w.w_v, w.w_o, _require_rotary(attn), torch.as_tensor(list(deltas)))
 

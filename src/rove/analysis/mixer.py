@@ -131,9 +131,9 @@ def attention_weights(
         q, k = x @ w.w_q.T, x @ w.w_k.T  # (T, D)
         if w.b_q is not None and w.b_k is not None:
             q, k = q + w.b_q, k + w.b_k
-        if attn.mode != "nope":
+        if attn.pos != "nope":
             q, k = _rotate(attn, q, positions), _rotate(attn, k, positions)
-        q, scale = logit_temperature(q, attn.rotary, attn.mode)  # the layer's temperature
+        q, scale = logit_temperature(q, attn.rotary, attn.pos)  # the layer's temperature
         scores = scale * q @ k.T
         if attn.causal:
             scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), -math.inf)
@@ -158,7 +158,7 @@ def head_mixer(
         weights[None],
         w.w_v[None, :, :c],
         w.w_o[None, :c],
-        mode=attn.mode,
+        pos=attn.pos,
         rotary=_rotary(attn),
         q_positions=positions,
         k_positions=positions,
@@ -194,7 +194,7 @@ def layer_mixer(
     w_o = torch.stack([w.w_o for w in heads])  # (H, C, D)
     mix = partial(
         mixer_matrix,
-        mode=attn.mode,
+        pos=attn.pos,
         rotary=_rotary(attn),
         q_positions=positions,
         k_positions=positions,

@@ -163,7 +163,7 @@ def analyze(
 
 
 def _load(source: str | Path | GPT) -> tuple[GPT, dict, str]:
-    """(model in eval mode, its checkpoint's meta.json or ``{}`` for a model passed in, name)."""
+    """(model in eval pos, its checkpoint's meta.json or ``{}`` for a model passed in, name)."""
     if isinstance(source, GPT):
         return source.eval(), {}, "model passed in"
     from rove.checkpoint import load_model
@@ -202,7 +202,7 @@ def _analyze_head(
         defect=kronecker_defect(head_mixer(attn, head, attention, positions, defect_width), n, n),
         error=reconstruction_error(attn, x, positions) if layer_mixer_fits else None,
         circuits=None if attn.rotary is None else circuit_summary(attn, _deltas(context), context),
-        rotates_values=attn.mode == "rove",
+        rotates_values=attn.pos == "rove",
     )
 
 

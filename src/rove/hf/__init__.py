@@ -6,14 +6,14 @@ a function needs it, never by ``import rove``.
 - :func:`load_exported`: load any export with ``AutoModelForCausalLM``, no remote code.
 """
 
-from rove.hf.conversion import SUPPORTED_MODEL_TYPES, convert, position_mode
+from rove.hf.conversion import SUPPORTED_MODEL_TYPES, convert, current_pos
 from rove.hf.export import export_model, export_run, load_exported
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "convert",
+    "current_pos",
     "export_model",
     "export_run",
     "load_exported",
-    "position_mode",
 ]

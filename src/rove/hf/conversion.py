@@ -32,9 +32,9 @@ from torch import nn
 from rove.kernels import rotate, unrotate_output
 from rove.rotary import table_dtype
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "convert", "position_mode"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "convert", "current_pos"]
 
-HFMode = Literal["rope", "rove"]
+HFPos = Literal["rope", "rove"]
 Tables = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -198,24 +198,24 @@ def _attention_modules(model: nn.Module, layout: _Layout) -> list[nn.Module]:
     ]
 
 
-def position_mode(model: nn.Module) -> HFMode:
+def current_pos(model: nn.Module) -> HFPos:
     """``"rove"`` if ``convert`` switched ``model`` to RoVE, else ``"rope"``."""
     return "rove" if any(hasattr(m, _STATE_ATTR) for m in model.modules()) else "rope"
 
 
-def convert(model: nn.Module, mode: HFMode = "rove") -> nn.Module:
-    """Switch a Hugging Face rotary causal LM to RoVE (``mode="rove"``) or back to RoPE, in place.
+def convert(model: nn.Module, pos: HFPos = "rove") -> nn.Module:
+    """Switch a Hugging Face rotary causal LM to RoVE (``pos="rove"``) or back to RoPE, in place.
 
     No parameter is added or changed: the same weights compute RoPE or RoVE attention, so a
     pretrained RoPE model can continue pre-training as RoVE. Supported ``config.model_type``:
-    ``SUPPORTED_MODEL_TYPES`` (partial rotary included). Converting twice to the same mode is a
-    no-op. The mode lives in hooks, not in the saved weights or config: after ``from_pretrained``
+    ``SUPPORTED_MODEL_TYPES`` (partial rotary included). Converting twice to the same pos is a
+    no-op. The pos lives in hooks, not in the saved weights or config: after ``from_pretrained``
     of a RoVE-trained checkpoint, call ``convert`` again.
 
     Returns ``model`` (for chaining).
     """
-    if mode not in ("rope", "rove"):
-        raise ValueError(f"unknown mode {mode!r}; choose 'rove' or 'rope'")
+    if pos not in ("rope", "rove"):
+        raise ValueError(f"unknown pos {pos!r}; choose 'rove' or 'rope'")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     config = getattr(model, "config", None)
@@ -232,9 +232,9 @@ def convert(model: nn.Module, mode: HFMode = "rove") -> nn.Module:
     shared = _SharedTables()
     for module in modules:
         state = getattr(module, _STATE_ATTR, None)
-        if mode == "rope" and state is not None:
+        if pos == "rope" and state is not None:
             state.remove()
             delattr(module, _STATE_ATTR)
-        elif mode == "rove" and state is None:
+        elif pos == "rove" and state is None:
             setattr(module, _STATE_ATTR, _AttentionState(module, layout, shared))
     return model

@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from rove.functional import ATTENTION_POSITIONS
 from rove.rotary import CONVENTIONS
 from rove.terminal import dataclass_from_dict
 
 __all__ = ["POSITIONS", "PRESETS", "GPTConfig", "get_preset"]
 
-POSITIONS = ("learned", "nope", "rope", "rove")
+# what ``pos`` may be: the attention's encodings, or a learned absolute table added to the input
+POSITIONS = ("learned", *ATTENTION_POSITIONS)
 
 
 @dataclass

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rove.functional import check_mode
+from rove.functional import check_pos
 from rove.kv_cache import KVCache
 from rove.layer import RoveAttention
 from rove.model.config import GPTConfig
@@ -57,7 +57,7 @@ class Block(nn.Module):
             cfg.n_embd,
             cfg.n_head,
             cfg.n_kv_head,
-            mode="nope" if cfg.pos == "learned" else check_mode(cfg.pos),
+            pos="nope" if cfg.pos == "learned" else check_pos(cfg.pos),
             shared_kv=cfg.shared_kv,
             rotary=rotary,
             bias=cfg.bias,

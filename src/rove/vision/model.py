@@ -27,13 +27,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rove.functional import Mode, check_mode
+from rove.functional import Pos, check_pos
 from rove.layer import RoveAttention
 from rove.rotary.nd import NDRotary, grid_positions
 
 __all__ = ["VIT_POSITIONS", "ViT", "ViTConfig"]
 
-# position encodings: "<mode>-<layout>" for 2-D rotary, or learned absolute, or none
+# position encodings: "<pos>-<layout>" for 2-D rotary, or learned absolute, or none
 VIT_POSITIONS = ("learned", "nope", "rope-axial", "rove-axial", "rope-mixed", "rove-mixed")
 
 
@@ -77,11 +77,11 @@ class ViTConfig:
 
 
 class _Block(nn.Module):
-    def __init__(self, cfg: ViTConfig, mode: Mode, rotary: NDRotary | None) -> None:
+    def __init__(self, cfg: ViTConfig, pos: Pos, rotary: NDRotary | None) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd)
         self.attn = RoveAttention(
-            cfg.n_embd, cfg.n_head, mode=mode, rotary=rotary, causal=False, bias=True
+            cfg.n_embd, cfg.n_head, pos=pos, rotary=rotary, causal=False, bias=True
         )
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
         hidden = cfg.mlp_ratio * cfg.n_embd
@@ -101,7 +101,7 @@ class ViT(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.config = cfg
-        mode, _, layout = cfg.pos.partition("-")
+        pos, _, layout = cfg.pos.partition("-")
         self.rotary = (
             NDRotary(
                 cfg.n_embd // cfg.n_head,
@@ -113,7 +113,7 @@ class ViT(nn.Module):
             if layout
             else None
         )
-        attn_mode = check_mode(mode) if layout else "nope"
+        attn_pos = check_pos(pos) if layout else "nope"
         self.patch = nn.Conv2d(cfg.in_channels, cfg.n_embd, cfg.patch_size, cfg.patch_size)
         self.pos_table = (
             nn.Parameter(torch.randn(1, cfg.n_embd, cfg.grid, cfg.grid) * 0.02)
@@ -121,7 +121,7 @@ class ViT(nn.Module):
             else None
         )
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.n_embd)) if cfg.pool == "cls" else None
-        self.blocks = nn.ModuleList(_Block(cfg, attn_mode, self.rotary) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(_Block(cfg, attn_pos, self.rotary) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.head = nn.Linear(cfg.n_embd, cfg.n_classes)
 
