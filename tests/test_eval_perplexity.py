@@ -34,7 +34,7 @@ def test_uniform_model_has_perplexity_vocab_size() -> None:
         model, tokens, [8, 16], scalings=(None,), max_tokens_per_length=64, batch_size=2,
         min_windows=0, n_position_buckets=4, progress=False,
     )  # fmt: skip
-    rec = out["results"]["none"][16]
+    rec = out["results"][None][16]
     assert rec["ppl"] == pytest.approx(7.0, rel=1e-5)
     assert rec["loss"] == pytest.approx(math.log(7), rel=1e-5)
     assert rec["n_windows"] == 4 and rec["n_tokens"] == 64
@@ -52,7 +52,7 @@ def test_bigram_perplexity_hand_computed() -> None:
     out = perplexity_vs_length(
         model, tokens, [6], scalings=(None,), max_tokens_per_length=60, batch_size=4, progress=False
     )
-    assert out["results"]["none"][6]["ppl"] == pytest.approx(2.0, rel=1e-5)
+    assert out["results"][None][6]["ppl"] == pytest.approx(2.0, rel=1e-5)
 
 
 def test_yarn_factor_one_equals_plain_and_longer_lengths_scale() -> None:
@@ -62,7 +62,7 @@ def test_yarn_factor_one_equals_plain_and_longer_lengths_scale() -> None:
         model, tokens, [4, 8, 16, 32], scalings=(None, "yarn"), max_tokens_per_length=64,
         batch_size=2, progress=False,
     )  # fmt: skip
-    plain, yarn = out["results"]["none"], out["results"]["yarn"]
+    plain, yarn = out["results"][None], out["results"]["yarn"]
     for length in (4, 8):
         assert yarn[length]["factor"] == 1.0
         assert yarn[length]["ppl"] == plain[length]["ppl"]
@@ -78,14 +78,14 @@ def test_learned_positions_record_error_per_length() -> None:
         model, tokens, [8, 16], scalings=(None,), max_tokens_per_length=32, batch_size=2,
         progress=False,
     )  # fmt: skip
-    ok, bad = out["results"]["none"][8], out["results"]["none"][16]
+    ok, bad = out["results"][None][8], out["results"][None][16]
     assert ok["ppl"] == pytest.approx(5.0, rel=1e-5) and ok["error"] is None
     assert bad["ppl"] is None and "ValueError" in bad["error"]
     short = perplexity_vs_length(
         model, tokens[:5], [8], scalings=(None,), max_tokens_per_length=32, batch_size=2,
         progress=False,
     )  # fmt: skip
-    assert "shorter" in short["results"]["none"][8]["error"]
+    assert "shorter" in short["results"][None][8]["error"]
 
 
 def test_batch_shrinks_for_long_windows_16x() -> None:
@@ -96,11 +96,11 @@ def test_batch_shrinks_for_long_windows_16x() -> None:
         model, tokens, [block, 16 * block], scalings=(None,), max_tokens_per_length=8 * 16 * block,
         batch_size=8, progress=False,
     )  # fmt: skip
-    assert out["results"]["none"][block]["batch_size"] == 8
-    assert out["results"]["none"][16 * block]["batch_size"] == 1
+    assert out["results"][None][block]["batch_size"] == 8
+    assert out["results"][None][16 * block]["batch_size"] == 1
     widths = {t: b for b, t in model.forward_shapes}
     assert widths[16 * block] == 1 and widths[block] == 8
-    assert out["results"]["none"][16 * block]["ppl"] == pytest.approx(11.0, rel=1e-5)
+    assert out["results"][None][16 * block]["ppl"] == pytest.approx(11.0, rel=1e-5)
 
 
 def test_window_budget_keeps_at_least_min_windows() -> None:
@@ -123,13 +123,13 @@ def test_min_windows_used_and_short_stream_says_so() -> None:
         model, tokens, [8, 16], scalings=(None,), max_tokens_per_length=64, batch_size=4,
         min_windows=32, progress=False,
     )  # fmt: skip
-    at8, at16 = out["results"]["none"][8], out["results"]["none"][16]
+    at8, at16 = out["results"][None][8], out["results"][None][16]
     assert at8["n_windows"] == 32 and at8["note"] is None  # the budget alone gives 8
     assert at16["n_windows"] == 32 and len(at16["window_loss"]) == 32
     short = perplexity_vs_length(
         model, tokens[:200], [16], scalings=(None,), max_tokens_per_length=64, batch_size=4,
         min_windows=32, progress=False,
-    )["results"]["none"][16]  # fmt: skip
+    )["results"][None][16]  # fmt: skip
     assert short["n_windows"] == 12 and "12 windows, fewer than the 32 asked" in short["note"]
 
 
@@ -141,7 +141,7 @@ def test_bootstrap_interval_over_windows() -> None:
     rec = perplexity_vs_length(
         model, tokens, [8], scalings=(None,), max_tokens_per_length=0, batch_size=8,
         min_windows=40, progress=False,
-    )["results"]["none"][8]  # fmt: skip
+    )["results"][None][8]  # fmt: skip
     losses = rec["window_loss"]
     assert len(losses) == 40 and np.mean(losses) == pytest.approx(rec["loss"], rel=1e-9)
     lo, hi = bootstrap_mean_ci(losses)
@@ -163,7 +163,7 @@ def test_windows_cross_document_boundaries() -> None:
     rec = perplexity_vs_length(
         model, tokens, [16], scalings=(None,), max_tokens_per_length=0, batch_size=4,
         min_windows=12, progress=False,
-    )["results"]["none"][16]  # fmt: skip
+    )["results"][None][16]  # fmt: skip
     assert rec["n_windows"] == 12  # windows of 16 tokens exist although documents hold 4
     assert rec["ppl"] == pytest.approx(2.0, rel=1e-6)
     starts = window_starts(len(tokens), 16, 12)

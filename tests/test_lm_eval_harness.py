@@ -163,7 +163,8 @@ def test_rove_lm_model_args(tmp_path):
     model, byte = random_gpt("rope"), get_tokenizer("byte")
     lm = RoveLM(model=model, tokenizer=byte, max_length="64", rope_scaling="yarn")
     assert lm.max_length == 64
-    assert model.rotary.scaling == {"type": "yarn", "factor": 4.0, "original_max_position": 16}
+    scaling = {"type": "yarn", "factor": 4.0, "original_max_position": 16}
+    assert model.rotary.scaling is not None and model.rotary.scaling.to_dict() == scaling
     (ll,) = lm.adapter.loglikelihood_rolling_texts(["abc" * 30])  # 91 tokens in 2 windows
     assert math.isfinite(ll)
     with pytest.raises(ValueError, match="learned position table"):

@@ -10,6 +10,7 @@ import torch
 
 from rove import attention
 from rove.model import GPT, GPTConfig, get_preset
+from rove.rotary import Scaling
 
 POS = ["learned", "nope", "rope", "rove"]
 
@@ -150,7 +151,12 @@ def test_rope_scaling_context():
         torch.testing.assert_close(m(idx), base, rtol=0, atol=0)
     with m.rope_scaling("yarn", 2.0):
         scaled = m(idx)
-        assert all(b.attn.rotary.scaling["type"] == "yarn" for b in m.blocks)
+        yarn = Scaling("yarn", {"factor": 2.0, "original_max_position": m.config.block_size})
+        assert all(b.attn.rotary.scaling == yarn for b in m.blocks)
+    with m.rope_scaling("linear", 2.0):  # no original length: linear does not take one
+        assert m.rotary is not None and m.rotary.scaling == Scaling("linear", {"factor": 2.0})
+    with m.rope_scaling(None, 2.0):  # None is plain
+        torch.testing.assert_close(m(idx), base, rtol=0, atol=0)
     assert (scaled - base).abs().max() > 1e-4
     torch.testing.assert_close(m(idx), base, rtol=0, atol=0)  # restored
     with pytest.raises(ValueError, match="unknown rope scaling"), m.rope_scaling("xpos", 2.0):

@@ -132,6 +132,9 @@ def test_three_seeds_report_tests_groups_and_reasons(tmp_path):
     assert "| rove | n/a | 2.75 ± 0.05 | 2.50 ± 0.10 | 2.62 ± 0.08 |" in md
     assert "NIAH = mean of niah_single_1" in md
     assert "- fwe@512 (plain): fwe cannot fit 512 tokens" in md
+    # plain cells sit under the record key "none" (as results.json files always had them)
+    assert "| rove +yarn | n/a | n/a | 2.50 ± 0.00 | 2.50 ± 0.00 |" in md
+    assert "| variant | rope | rove | rope +yarn | rove +yarn |" in md
     assert "Tasks measured (3 of the 13 RULER tasks): niah_single_1, niah_multikey_1, vt." in md
     assert "Not run, tried, never measured: see below: fwe." in md
     assert "Not run, no local file (--squad PATH): qa_squad." in md

@@ -5,6 +5,7 @@ Run: pytest tests/test_rotary.py
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -15,7 +16,10 @@ from hypothesis import strategies as st
 
 from rove.reference import rotation_matrix
 from rove.rotary import (
+    SCALING_KINDS,
+    SCHEDULES,
     Rotary,
+    Scaling,
     apply_rotary,
     convention_permutation,
     convert_convention,
@@ -44,17 +48,17 @@ class TestSchedules:
         np.testing.assert_allclose(r.frequencies().inv_freq.numpy(), np_base(16, 10000.0))
 
     def test_linear(self):
-        f = rotary_frequencies(32, 500.0, {"type": "linear", "factor": 4.0})
+        f = rotary_frequencies(32, 500.0, Scaling("linear", {"factor": 4.0}))
         np.testing.assert_allclose(f.inv_freq.numpy(), np_base(32, 500.0) / 4)
 
     def test_ntk(self):
-        f = rotary_frequencies(32, 10000.0, {"type": "ntk", "factor": 8})
+        f = rotary_frequencies(32, 10000.0, Scaling("ntk", {"factor": 8}))
         new_base = 10000.0 * 8 ** (32 / 30)
         np.testing.assert_allclose(f.inv_freq.numpy(), np_base(32, new_base), rtol=1e-12)
         assert f.inv_freq[0] == 1.0  # the fastest plane is never stretched
 
     def test_dynamic_ntk(self):
-        scaling = {"type": "dynamic-ntk", "factor": 2.0, "original_max_position": 128}
+        scaling = Scaling("dynamic-ntk", {"factor": 2.0, "original_max_position": 128})
         short = rotary_frequencies(32, 10000.0, scaling, seq_len=100)
         np.testing.assert_allclose(short.inv_freq.numpy(), np_base(32, 10000.0))
         long = rotary_frequencies(32, 10000.0, scaling, seq_len=512)
@@ -67,7 +71,7 @@ class TestSchedules:
         #   high = ceil (64 ln(1024 / ( 1 * 2 pi)) / (2 ln 1e4)) = ceil(17.697) = 18
         # ramp over the dimension index m: (m - 5) / 13 clamped to [0, 1]
         f = rotary_frequencies(
-            64, 10000.0, {"type": "yarn", "factor": 4.0, "original_max_position": 1024}
+            64, 10000.0, Scaling("yarn", {"factor": 4.0, "original_max_position": 1024})
         )
         base = np_base(64, 10000.0)
         expected = []
@@ -82,19 +86,21 @@ class TestSchedules:
         f = rotary_frequencies(
             64,
             10000.0,
-            {
-                "type": "yarn",
-                "factor": 40.0,
-                "original_max_position": 4096,
-                "mscale": 1.0,
-                "mscale_all_dim": 1.0,
-            },
+            Scaling(
+                "yarn",
+                {
+                    "factor": 40.0,
+                    "original_max_position": 4096,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 1.0,
+                },
+            ),
         )
         assert f.attention_factor == pytest.approx(1.0)
 
     def test_yarn_factor_one_is_plain(self):
         f = rotary_frequencies(
-            64, 10000.0, {"type": "yarn", "factor": 1.0, "original_max_position": 64}
+            64, 10000.0, Scaling("yarn", {"factor": 1.0, "original_max_position": 64})
         )
         np.testing.assert_allclose(f.inv_freq.numpy(), np_base(64, 10000.0))
         assert f.attention_factor == 1.0
@@ -163,6 +169,73 @@ class TestSchedules:
         cos, _ = r.tables(pos, torch.float64)
         torch.testing.assert_close(cos, pinned.tables(pos, torch.float64)[0], rtol=0, atol=0)
         assert Rotary(16).at_length(5) is not None and not Rotary(16).at_length(5).dynamic
+
+
+class TestScaling:
+    """The typed spec: checked when made, ``None`` for no scaling, a dict form for JSON."""
+
+    def test_validated_when_made(self):
+        with pytest.raises(ValueError, match="unknown rotary scaling type 'yarnn'; choose one of"):
+            Scaling("yarnn", {"factor": 2.0})
+        with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['beta'\] for rotary"):
+            Scaling("linear", {"factor": 2.0, "beta": 1})
+        with pytest.raises(ValueError, match="needs parameter"):
+            Scaling("yarn", {"factor": 2.0})
+        with pytest.raises(ValueError, match="'default' is no scaling: use None"):
+            Scaling("default")
+
+    def test_dict_form_round_trip(self):
+        yarn = Scaling.from_dict(YARN4)
+        assert yarn == Scaling("yarn", {"original_max_position": 64, "factor": 4.0})
+        assert yarn is not None and yarn.to_dict() == YARN4
+        assert Scaling.from_dict(json.loads(json.dumps(yarn.to_dict()))) == yarn
+        assert hash(yarn) == hash(Scaling("yarn", {"factor": 4.0, "original_max_position": 64}))
+
+    def test_default_is_none_and_hf_rope_type_is_read(self):
+        assert Scaling.from_dict({"type": "default"}) is None
+        assert Scaling.from_dict({"rope_type": "default"}) is None
+        linear = Scaling("linear", {"factor": 2.0})
+        assert Scaling.from_dict({"rope_type": "linear", "factor": 2.0}) == linear
+        assert Scaling.from_dict({"type": "linear", "rope_type": "linear", "factor": 2.0}) == linear
+        with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['factor'\]"):
+            Scaling.from_dict({"type": "default", "factor": 2.0})
+        with pytest.raises(ValueError, match="names two kinds"):
+            Scaling.from_dict({"type": "linear", "rope_type": "yarn", "factor": 2.0})
+        with pytest.raises(ValueError, match="unknown rotary scaling type None"):
+            Scaling.from_dict({"factor": 2.0})
+
+    def test_params_are_a_read_only_copy(self):
+        params: dict[str, object] = {"factor": 2.0}
+        linear = Scaling("linear", params)
+        params["factor"] = 0.5
+        assert linear.params["factor"] == 2.0
+        with pytest.raises(TypeError):
+            linear.params["factor"] = 0.5  # type: ignore[index]
+
+    def test_rotary_from_a_scaling_equals_rotary_from_its_dict(self):
+        spec = Scaling("yarn", {"factor": 4.0, "original_max_position": 64})
+        typed, from_dict = Rotary(64, scaling=spec), Rotary(64, scaling=YARN4)
+        assert typed.scaling == from_dict.scaling == spec and repr(typed) == repr(from_dict)
+        assert "scaling=Scaling(kind='yarn', params={'factor': 4.0, " in repr(typed)
+        pos = torch.arange(100)
+        torch.testing.assert_close(typed.tables(pos), from_dict.tables(pos), rtol=0, atol=0)
+        assert typed.logit_scale == from_dict.logit_scale > 1
+        assert typed.to_dict()["scaling"] == YARN4  # JSON-ready, as before
+        assert Rotary(64, scaling={"type": "default"}).scaling is None
+        assert typed.with_scaling(None).scaling is None
+        assert Rotary(64).with_scaling(YARN4).scaling == spec
+
+    def test_frequencies_take_a_scaling_and_rotary_refuses_other_types(self):
+        with pytest.raises(TypeError, match=r"Scaling\.from_dict"):
+            rotary_frequencies(64, 10000.0, YARN4)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="a Scaling, a mapping or None, got 'yarn'"):
+            Rotary(64, scaling="yarn")  # type: ignore[arg-type]
+
+    def test_kinds_are_the_schedules_but_the_unscaled_one(self):
+        from rove.model import SCALING_KINDS as model_kinds
+
+        assert tuple(k for k in SCHEDULES if k != "default") == SCALING_KINDS
+        assert model_kinds is SCALING_KINDS
 
 
 class TestRotaryValidation:

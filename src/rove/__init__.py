@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     )
     from rove.kv_cache import KVCache
     from rove.layer import RoveAttention
-    from rove.rotary import Rotary, apply_rotary, convert_convention
+    from rove.rotary import Rotary, Scaling, apply_rotary, convert_convention
 
 _HOME = {
     "ATTENTION_POSITIONS": "rove.functional",
@@ -34,6 +34,7 @@ _HOME = {
     "KVCache": "rove.kv_cache",
     "RoveAttention": "rove.layer",
     "Rotary": "rove.rotary",
+    "Scaling": "rove.rotary",
     "apply_rotary": "rove.rotary",
     "convert_convention": "rove.rotary",
 }
@@ -43,6 +44,7 @@ __all__ = [
     "KVCache",
     "Rotary",
     "RoveAttention",
+    "Scaling",
     "__version__",
     "apply_rotary",
     "attention",

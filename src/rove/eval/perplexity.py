@@ -153,8 +153,9 @@ def perplexity_vs_length(
         progress: show tqdm progress bars.
 
     Returns:
-        ``{"block_size", "n_stream_tokens", "results": {kind_name: {length: record}}}`` where
-        ``kind_name`` is ``"none"`` for plain and ``record`` holds ``ppl``, ``ppl_ci`` (bootstrap 95%
+        ``{"block_size", "n_stream_tokens", "results": {kind: {length: record}}}`` where
+        ``kind`` is as in ``scalings`` (None for plain; ``rove eval``'s record writes it
+        ``"none"``) and ``record`` holds ``ppl``, ``ppl_ci`` (bootstrap 95%
         interval over windows, None with one window), ``loss`` (mean nats/token), ``window_loss``
         (per window), ``factor``, ``n_windows``, ``n_tokens``, ``batch_size``, ``position_buckets``
         ([start, end) pairs), ``position_loss``, ``note`` (None, or why fewer than ``min_windows``
@@ -165,7 +166,7 @@ def perplexity_vs_length(
         raise ValueError(f"tokens must be a 1-D array, got shape {tokens.shape}")
     block = model.config.block_size
     cache: dict[tuple[str | None, int], dict[str, Any]] = {}
-    results: dict[str, dict[int, dict[str, Any]]] = {}
+    results: dict[str | None, dict[int, dict[str, Any]]] = {}
     for kind in scalings:
         per_length: dict[int, dict[str, Any]] = {}
         for length in lengths:
@@ -178,7 +179,7 @@ def perplexity_vs_length(
                     n_position_buckets, progress,
                 )  # fmt: skip
             per_length[length] = {**cache[key], "scaling": kind, "factor": factor}
-        results["none" if kind is None else kind] = per_length
+        results[kind] = per_length
     return {"block_size": block, "n_stream_tokens": len(tokens), "results": results}
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rove.eval.records import ruler_groups
+from rove.eval.records import ruler_groups, scaled_label, scaling_key, scaling_kind
 
 __all__ = ["eval_summary_lines"]
 
@@ -22,7 +22,7 @@ def eval_summary_lines(record: dict) -> list[str]:
     cis = record.get("ppl_ci", {})
     windows = record.get("ppl_windows", {})
     for n, ppl in record.get("ppl", {}).items():
-        line = f"  ppl@{n}: {_num(ppl)}{_ci(cis.get('none', {}).get(n))}"
+        line = f"  ppl@{n}: {_num(ppl)}{_ci(cis.get(scaling_key(None), {}).get(n))}"
         if n in windows:
             line += f" ({windows[n]} windows)"
         for kind, cells in record.get("ppl_scaled", {}).items():
@@ -31,11 +31,11 @@ def eval_summary_lines(record: dict) -> list[str]:
         lines.append(line)
     for key, why in {**record.get("ppl_errors", {}), **record.get("ppl_notes", {})}.items():
         lines.append(f"  ppl {key}: {why}")
-    for kind, by_length in ruler_groups(record).items():
-        suffix = "" if kind == "none" else f" +{kind}"
+    for key, by_length in ruler_groups(record).items():
+        title = scaled_label("RULER answer NLL", scaling_kind(key))
         for n, groups in by_length.items():
             cells = "  ".join(f"{g} {_num(v)}" for g, v in groups.items())
-            lines.append(f"  RULER answer NLL{suffix} @{n}: {cells}")
+            lines.append(f"  {title} @{n}: {cells}")
     ran = sorted({t for tasks in record.get("ruler", {}).values() for t in tasks})
     not_run = record.get("ruler_not_run", {})
     if ran:

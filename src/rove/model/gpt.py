@@ -30,12 +30,16 @@ from rove.functional import check_pos
 from rove.kv_cache import KVCache
 from rove.layer import RoveAttention
 from rove.model.config import GPTConfig
-from rove.rotary import SCHEDULES, Rotary, Temperature, check_positions, table_dtype
+from rove.rotary import (
+    SCALING_KINDS,
+    Rotary,
+    Scaling,
+    Temperature,
+    check_positions,
+    table_dtype,
+)
 
-__all__ = ["GPT", "SCALING_KINDS"]
-
-# inference-time frequency scalings: every schedule but the unscaled one (SCHEDULES is the list)
-SCALING_KINDS = tuple(kind for kind in SCHEDULES if kind != "default")
+__all__ = ["GPT"]
 
 
 class MLP(nn.Module):
@@ -224,8 +228,8 @@ class GPT(nn.Module):
     ) -> Iterator[None]:
         """Inference-time frequency scaling relative to ``block_size`` inside the block.
 
-        ``kind`` is None, "yarn", "ntk", "linear" or "dynamic-ntk"; ``factor <= 1`` or a model
-        without rotary leaves the model unchanged. ``temperature`` places YaRN's logit scale
+        ``kind`` is None (plain) or one of ``rove.rotary.SCALING_KINDS``; ``factor <= 1`` or a
+        model without rotary leaves the model unchanged. ``temperature`` places YaRN's logit scale
         (``Rotary``'s argument: "logits" as in the paper, "rotated" as in HF). ``length`` pins
         dynamic NTK's length (``Rotary.at_length``), which decoding with a ``KVCache`` needs.
         """
@@ -234,10 +238,10 @@ class GPT(nn.Module):
         if self.rotary is None or kind is None or factor <= 1:
             yield
             return
-        scaling: dict[str, object] = {"type": kind, "factor": float(factor)}
+        params: dict[str, object] = {"factor": float(factor)}
         if kind in ("yarn", "dynamic-ntk"):
-            scaling["original_max_position"] = self.config.block_size
-        scaled = self.rotary.with_scaling(scaling, temperature=temperature)
+            params["original_max_position"] = self.config.block_size
+        scaled = self.rotary.with_scaling(Scaling(kind, params), temperature=temperature)
         with self._using_rotary(scaled if length is None else scaled.at_length(length)):
             yield
 

@@ -15,7 +15,15 @@ from pathlib import Path
 
 from rove import run_files
 from rove.atomic import write_text_atomic
-from rove.eval.records import dig, ruler_cells, ruler_groups, ruler_lengths
+from rove.eval.records import (
+    dig,
+    ruler_cells,
+    ruler_groups,
+    ruler_lengths,
+    scaled_label,
+    scaling_key,
+    scaling_kind,
+)
 from rove.eval.ruler import RULER_GROUPS, RULER_TASKS
 from rove.report.plots import (
     has_ruler_data,
@@ -64,10 +72,9 @@ def metrics_of(runs: list[dict]) -> list[Metric]:
         for n in _lengths(runs, "ppl_scaled", kind):
             out.append(Metric(f"PPL@{n} +{kind}", _value_at("ppl_scaled", kind, str(n)), True))
     for kind, n, group in _ruler_columns(runs):
-        suffix = "" if kind == "none" else f" +{kind}"
         out.append(
             Metric(
-                f"RULER {group}{suffix}@{n} NLL",
+                f"RULER {scaled_label(group, kind)}@{n} NLL",
                 partial(_group_value, kind=kind, length=n, group=group),
                 True,
             )
@@ -80,16 +87,20 @@ def _value_at(*keys: str) -> Callable[[dict], float | None]:
     return lambda r: dig(r, *keys)
 
 
-def _group_value(run: dict, kind: str, length: int, group: str, field: str = "nll") -> float | None:
-    return ruler_groups(run, field).get(kind, {}).get(length, {}).get(group)
+def _group_value(
+    run: dict, kind: str | None, length: int, group: str, field: str = "nll"
+) -> float | None:
+    return ruler_groups(run, field).get(scaling_key(kind), {}).get(length, {}).get(group)
 
 
-def _ruler_columns(runs: list[dict]) -> list[tuple[str, int, str]]:
+def _ruler_columns(runs: list[dict]) -> list[tuple[str | None, int, str]]:
     """(scaling, length, group) of every RULER group column present, in table order."""
     out = []
     for kind in _ruler_kinds(runs):
         for n in ruler_lengths(runs):
-            present = {g for r in runs for g in ruler_groups(r).get(kind, {}).get(n, {})}
+            present = {
+                g for r in runs for g in ruler_groups(r).get(scaling_key(kind), {}).get(n, {})
+            }
             out += [(kind, n, g) for g in [*RULER_GROUPS, "average"] if g in present]
     return out
 
@@ -113,8 +124,8 @@ def _cell(
     return text
 
 
-def _ppl_ci(kind: str, n: int) -> Callable[[dict], list[float] | None]:
-    return lambda r: r.get("ppl_ci", {}).get(kind, {}).get(str(n))
+def _ppl_ci(kind: str | None, n: int) -> Callable[[dict], list[float] | None]:
+    return lambda r: r.get("ppl_ci", {}).get(scaling_key(kind), {}).get(str(n))
 
 
 def _reasons(runs: list[dict], where: Callable[[dict], dict[str, str]]) -> list[str]:
@@ -135,9 +146,7 @@ def _main_table(runs: list[dict]) -> list[str]:
     rows = []
     for label in _labels(runs):
         row = [label, _cell(runs, label, _value_at("icl", "mean_centered"), 4)]
-        row += [
-            _cell(runs, label, _value_at("ppl", str(n)), ci=_ppl_ci("none", n)) for n in in_dist
-        ]
+        row += [_cell(runs, label, _value_at("ppl", str(n)), ci=_ppl_ci(None, n)) for n in in_dist]
         rows.append(row)
     return _table(header, rows)
 
@@ -152,7 +161,7 @@ def _ood_table(runs: list[dict]) -> list[str]:
         for label in _labels(runs):
             if key is None:
                 cells = [
-                    _cell(runs, label, _value_at("ppl", str(n)), ci=_ppl_ci("none", n))
+                    _cell(runs, label, _value_at("ppl", str(n)), ci=_ppl_ci(None, n))
                     for n in longer
                 ]
             else:
@@ -177,8 +186,7 @@ def _ppl_notes(runs: list[dict]) -> list[str]:
         rel = [
             (ci[1] - ci[0]) / 2 / ppl
             for r in runs
-            if (ci := r.get("ppl_ci", {}).get("none", {}).get(str(n)))
-            and (ppl := dig(r, "ppl", str(n)))
+            if (ci := _ppl_ci(None, n)(r)) and (ppl := dig(r, "ppl", str(n)))
         ]
         if rel:
             widths.append(f"{n}: ±{100 * summarize(rel).mean:.1f}%")
@@ -207,13 +215,9 @@ def _ruler_section(runs: list[dict]) -> list[str]:
     ]
 
 
-def _ruler_kinds(runs: list[dict]) -> list[str]:
-    """The scalings RULER ran under (``none`` = plain), in first-seen order."""
-    return list(dict.fromkeys(k for r in runs for k in r.get("ruler", {})))
-
-
-def _with_scaling(label: str, kind: str) -> str:
-    return label + ("" if kind == "none" else f" +{kind}")
+def _ruler_kinds(runs: list[dict]) -> list[str | None]:
+    """The scalings RULER ran under (None = plain), in first-seen order."""
+    return list(dict.fromkeys(scaling_kind(k) for r in runs for k in r.get("ruler", {})))
 
 
 def _ruler_variants_ran(runs: list[dict]) -> list[str]:
@@ -290,7 +294,7 @@ def _ruler_group_tables(runs: list[dict]) -> list[str]:
         for n in ruler_lengths(runs):
             cols = [g for k, m, g in _ruler_columns(runs) if m == n and k == kinds[0]]
             rows = [
-                [_with_scaling(label, kind)]
+                [scaled_label(label, kind)]
                 + [
                     _cell(
                         runs,
@@ -314,13 +318,13 @@ def _ruler_group_tables(runs: list[dict]) -> list[str]:
 def _ruler_variant_tables(runs: list[dict]) -> list[str]:
     """Answer NLL of every task variant, one table per length, a column per method and scaling."""
     heads = [(label, kind) for kind in _ruler_kinds(runs) for label in _labels(runs)]
-    header = ["variant", *[_with_scaling(label, kind) for label, kind in heads]]
+    header = ["variant", *[scaled_label(label, kind) for label, kind in heads]]
     lines = []
     for n in ruler_lengths(runs):
         rows = [
             [task]
             + [
-                _cell(runs, label, _value_at("ruler", kind, task, str(n), "nll"))
+                _cell(runs, label, _value_at("ruler", scaling_key(kind), task, str(n), "nll"))
                 for label, kind in heads
             ]
             for task in _ruler_variants_ran(runs)
@@ -331,17 +335,17 @@ def _ruler_variant_tables(runs: list[dict]) -> list[str]:
 
 def _ruler_failures(runs: list[dict]) -> list[str]:
     """One line per failed ``task@length`` and reason, naming the scalings it failed under."""
-    scalings: dict[tuple[str, str], list[str]] = {}  # (task@length, reason) -> scalings
+    scalings: dict[tuple[str, str], list[str | None]] = {}  # (task@length, reason) -> scalings
     for r in runs:
-        for kind, tasks in r.get("ruler", {}).items():
+        for key, tasks in r.get("ruler", {}).items():
             for task, cells in tasks.items():
                 for n, c in cells.items():
                     if c.get("error"):
                         seen = scalings.setdefault((f"{task}@{n}", c["error"]), [])
-                        if kind not in seen:
+                        if (kind := scaling_kind(key)) not in seen:
                             seen.append(kind)
     failed = [
-        f"- {cell} ({', '.join('plain' if k == 'none' else '+' + k for k in ks)}): {reason}"
+        f"- {cell} ({', '.join('plain' if k is None else '+' + k for k in ks)}): {reason}"
         for (cell, reason), ks in scalings.items()
     ]
     return ["Not measured:", "", *failed, ""] if failed else []

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-from rove.eval.records import ruler_groups, ruler_lengths
+from rove.eval.records import ruler_groups, ruler_lengths, scaled_label, scaling_key, scaling_kind
 from rove.stats import summarize
 
 __all__ = [
@@ -148,7 +148,11 @@ def ppl_figure(runs: list[dict]) -> plt.Figure:
 def longest_position_length(runs: list[dict]) -> int | None:
     """The longest length with a loss-by-position curve in every run that has curves, or None."""
     per_run = [
-        {int(n) for n, c in r.get("position_loss", {}).get("none", {}).items() if c.get("loss")}
+        {
+            int(n)
+            for n, c in r.get("position_loss", {}).get(scaling_key(None), {}).items()
+            if c.get("loss")
+        }
         for r in runs
         if r.get("position_loss")
     ]
@@ -166,10 +170,10 @@ def plot_position_loss(runs: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for i, label in enumerate(_labels(runs)):
         group = [r for r in runs if r["label"] == label]
-        kinds = list(dict.fromkeys(k for r in group for k in r.get("position_loss", {})))
+        keys = list(dict.fromkeys(k for r in group for k in r.get("position_loss", {})))
         style = _style(i)
-        for j, kind in enumerate(kinds):
-            cells = [r["position_loss"].get(kind, {}).get(str(length)) for r in group]
+        for j, key in enumerate(keys):
+            cells = [r["position_loss"].get(key, {}).get(str(length)) for r in group]
             cells = [c for c in cells if c and c.get("loss")]
             if not cells:
                 continue
@@ -179,7 +183,7 @@ def plot_position_loss(runs: list[dict], path: Path) -> Path:
                 mids, mean, color=style["color"], marker=style["marker"], ms=4,
                 ls="-" if j == 0 else LINESTYLES[1 + (j - 1) % 3],
                 mfc=style["color"] if j == 0 else "none",
-                label=label + ("" if kind == "none" else f" + {kind}"),
+                label=scaled_label(label, scaling_kind(key)),
             )  # fmt: skip
     _mark_train_len(ax, train_len)
     ax.set(xlabel=f"position in a {length}-token window", ylabel="mean loss (nats/token)")
@@ -239,12 +243,12 @@ def plot_ruler(runs: list[dict], path: Path) -> Path:
                 width,
                 yerr=[s.std if s.n else 0 for s in stats],
                 color=f"C{i}",
-                alpha=1.0 if kind == "none" else 0.55,
-                hatch=None if kind == "none" else "//",
+                alpha=1.0 if scaling_kind(kind) is None else 0.55,
+                hatch=None if scaling_kind(kind) is None else "//",
                 edgecolor="black",
                 lw=0.5,
                 capsize=2,
-                label=lab + ("" if kind == "none" else f" +{kind}"),
+                label=scaled_label(lab, scaling_kind(kind)),
             )
         ax.set_xticks(np.arange(len(groups)) + width * (len(series) - 1) / 2)
         ax.set_xticklabels(groups)

@@ -1,7 +1,13 @@
 """The group action: frequency schedules, cos/sin tables and the rotation with its exact inverse."""
 
 from rove.rotary.embedding import TEMPERATURES, Rotary, Temperature, check_positions
-from rove.rotary.frequencies import SCHEDULES, RotaryFrequencies, rotary_frequencies
+from rove.rotary.frequencies import (
+    SCALING_KINDS,
+    SCHEDULES,
+    RotaryFrequencies,
+    Scaling,
+    rotary_frequencies,
+)
 from rove.rotary.nd import NDRotary, grid_positions
 from rove.rotation import (
     CONVENTIONS,
@@ -15,12 +21,14 @@ from rove.rotation import (
 
 __all__ = [
     "CONVENTIONS",
+    "SCALING_KINDS",
     "SCHEDULES",
     "TEMPERATURES",
     "Convention",
     "NDRotary",
     "Rotary",
     "RotaryFrequencies",
+    "Scaling",
     "Temperature",
     "apply_rotary",
     "check_positions",

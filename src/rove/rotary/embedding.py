@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from rove.rotary.frequencies import RotaryFrequencies, rotary_frequencies
+from rove.rotary.frequencies import RotaryFrequencies, Scaling, rotary_frequencies
 from rove.rotation import Convention, check_convention, rotation_tables, table_dtype
 
 __all__ = ["TEMPERATURES", "Rotary", "Temperature", "check_positions"]
@@ -60,8 +60,10 @@ class Rotary:
             ``rotary_dim``. The count is rounded down to an even number.
         base: RoPE base theta.
         convention: ``"half"`` (default) or ``"interleaved"`` channel pairing.
-        scaling: frequency schedule, ``{"type": "yarn", "factor": 4, "original_max_position": 1024}``
-            etc.; see ``rove.rotary.SCHEDULES``.
+        scaling: frequency schedule: a ``Scaling``, or its dict form
+            ``{"type": "yarn", "factor": 4, "original_max_position": 1024}`` (kinds:
+            ``rove.rotary.SCALING_KINDS``); ``None`` (or ``{"type": "default"}``) is plain RoPE.
+            Kept as ``self.scaling``, a ``Scaling`` or ``None``.
         temperature: where a schedule's logit scale (YaRN) goes. ``"logits"`` (default, the
             YaRN paper): every logit, through the softmax scale. ``"rotated"`` (HF transformers,
             which folds the factor into q's and k's cos/sin): only the rotated channels' share
@@ -80,7 +82,7 @@ class Rotary:
         fraction: float | None = None,
         base: float = 10000.0,
         convention: Convention = "half",
-        scaling: Mapping[str, object] | None = None,
+        scaling: Scaling | Mapping[str, object] | None = None,
         temperature: Temperature = "logits",
     ) -> None:
         if not isinstance(head_dim, int) or head_dim <= 0:
@@ -104,11 +106,14 @@ class Rotary:
         self.rotary_dim = rotary_dim
         self.base = float(base)
         self.convention: Convention = convention
-        self.scaling = dict(scaling) if scaling is not None else None
-        self._dynamic = self.scaling is not None and self.scaling.get("type") == "dynamic-ntk"
+        if isinstance(scaling, Mapping):  # validated here, so a bad config fails at construction
+            scaling = Scaling.from_dict(scaling)
+        elif scaling is not None and not isinstance(scaling, Scaling):
+            raise TypeError(f"scaling must be a Scaling, a mapping or None, got {scaling!r}")
+        self.scaling: Scaling | None = scaling
+        self._dynamic = scaling is not None and scaling.kind == "dynamic-ntk"
         self.pinned_length: int | None = None  # dynamic NTK's length, once pinned by at_length
-        # validates the scaling dict eagerly, so a bad config fails at construction
-        self._freqs = rotary_frequencies(rotary_dim, self.base, self.scaling)
+        self._freqs = rotary_frequencies(rotary_dim, self.base, scaling)
         # float64 frequencies by device; filled ahead of use (here, and by ``prefetch`` when a
         # ``RoveAttention`` moves) so a compiled forward never mutates it, which would recompile
         # (keyed by device; the frequencies object is kept to notice a subclass or ``at_length``
@@ -121,24 +126,28 @@ class Rotary:
     def __repr__(self) -> str:
         return (
             f"Rotary(head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
-            f"convention={self.convention!r}, scaling={self.scaling}, "
+            f"convention={self.convention!r}, scaling={self.scaling!r}, "
             f"temperature={self.temperature!r}"
             + ("" if self.pinned_length is None else f", pinned_length={self.pinned_length}")
             + ")"
         )
 
     def to_dict(self) -> dict[str, object]:
+        """The constructor's arguments, JSON-ready (the scaling in its dict form)."""
         return {
             "head_dim": self.head_dim,
             "rotary_dim": self.rotary_dim,
             "base": self.base,
             "convention": self.convention,
-            "scaling": self.scaling,
+            "scaling": None if self.scaling is None else self.scaling.to_dict(),
             "temperature": self.temperature,
         }
 
     def with_scaling(
-        self, scaling: Mapping[str, object] | None, *, temperature: Temperature | None = None
+        self,
+        scaling: Scaling | Mapping[str, object] | None,
+        *,
+        temperature: Temperature | None = None,
     ) -> Rotary:
         """The same rotary with another frequency schedule (e.g. YaRN at inference)."""
         return Rotary(
@@ -162,7 +171,7 @@ class Rotary:
             raise ValueError(f"length must be a non-negative int, got {length!r}")
         if not self._dynamic:
             return self
-        pinned = Rotary(**self.to_dict())  # type: ignore[arg-type]
+        pinned = self.with_scaling(self.scaling)  # a copy
         pinned.pinned_length = length
         pinned._freqs = rotary_frequencies(self.rotary_dim, self.base, self.scaling, seq_len=length)
         return pinned

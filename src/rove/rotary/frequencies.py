@@ -1,9 +1,11 @@
 """Rotary frequency schedules: plain, linear interpolation, NTK-aware, dynamic NTK and YaRN.
 
 Every schedule is a pure function with one signature, ``(rotary_dim, base, **params) ->
-RotaryFrequencies``, kept in the ``SCHEDULES`` registry. Parameters are explicit scalars (not a
-config object) and are validated by name and type, so a typo in a scaling dict raises instead of
-silently falling back to plain RoPE.
+RotaryFrequencies``, kept in the ``SCHEDULES`` registry, the one list of kinds. A ``Scaling`` names
+a kind (one of ``SCALING_KINDS``: every schedule but the unscaled "default") and its explicit
+scalar parameters, validated by name and type when it is made, so a typo raises instead of
+silently falling back to plain RoPE. ``None`` is "no scaling"; the dict form
+``{"type": kind, **params}`` is for JSON and configs (``Scaling.from_dict`` / ``to_dict``).
 
 Notable features:
 - Inverse frequencies are float64: at 16k positions and beyond a float32 ``position * freq``
@@ -23,12 +25,13 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 
-__all__ = ["SCHEDULES", "RotaryFrequencies", "rotary_frequencies"]
+__all__ = ["SCALING_KINDS", "SCHEDULES", "RotaryFrequencies", "Scaling", "rotary_frequencies"]
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,9 @@ SCHEDULES: dict[str, Schedule] = {
     "yarn": _yarn,
 }
 
+# the kinds a Scaling may name: every schedule but the unscaled one, which is ``None``
+SCALING_KINDS: tuple[str, ...] = tuple(kind for kind in SCHEDULES if kind != "default")
+
 
 def _validate(kind: str, params: dict[str, object]) -> None:
     signature = inspect.signature(SCHEDULES[kind])
@@ -203,10 +209,58 @@ def _validate(kind: str, params: dict[str, object]) -> None:
             )
 
 
+@dataclass(frozen=True)
+class Scaling:
+    """A frequency scaling: a kind of ``SCALING_KINDS`` and its parameters, checked when made.
+
+    ``Scaling("yarn", {"factor": 4.0, "original_max_position": 1024})``. No scaling is ``None``,
+    never a ``Scaling``, so "plain" has one spelling. The parameters are a read-only copy: a
+    validated spec cannot change afterwards.
+    """
+
+    kind: str
+    params: Mapping[str, object] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCALING_KINDS:
+            plain = "; 'default' is no scaling: use None" if self.kind == "default" else ""
+            raise ValueError(
+                f"unknown rotary scaling type {self.kind!r}; choose one of "
+                f"{sorted(SCALING_KINDS)}{plain}"
+            )
+        params = dict(self.params)
+        _validate(self.kind, params)
+        object.__setattr__(self, "params", MappingProxyType(params))
+
+    def __repr__(self) -> str:
+        return f"Scaling(kind={self.kind!r}, params={dict(self.params)!r})"
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, object]) -> Scaling | None:
+        """``{"type": kind, **params}`` (HF's ``"rope_type"`` is read too) as a ``Scaling``;
+        ``{"type": "default"}`` is plain RoPE, so ``None``."""
+        params = dict(spec)
+        kind = params.pop("type", None)
+        hf_kind = params.pop("rope_type", kind)
+        if kind is not None and hf_kind != kind:
+            raise ValueError(
+                f"rotary scaling {dict(spec)!r} names two kinds: 'type' {kind!r} and "
+                f"'rope_type' {hf_kind!r}"
+            )
+        if hf_kind == "default":
+            _validate("default", params)  # parameters for plain RoPE are a mistake
+            return None
+        return cls(hf_kind, params)  # type: ignore[arg-type]  # a non-str kind is refused there
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON form ``{"type": kind, **params}``, which ``from_dict`` reads back."""
+        return {"type": self.kind, **self.params}
+
+
 def rotary_frequencies(
     rotary_dim: int,
     base: float = 10000.0,
-    scaling: dict[str, object] | None = None,
+    scaling: Scaling | None = None,
     *,
     seq_len: int | None = None,
 ) -> RotaryFrequencies:
@@ -216,7 +270,7 @@ def rotary_frequencies(
         rotary_dim: number of rotated channels (even); the exponent denominator, as in HF's
             partial rotary.
         base: RoPE base theta.
-        scaling: ``{"type": name, **params}`` with ``name`` in ``SCHEDULES``; ``None`` is plain RoPE.
+        scaling: the schedule and its parameters; ``None`` is plain RoPE.
         seq_len: the current length, used only by ``dynamic-ntk``.
     """
     if rotary_dim <= 0 or rotary_dim % 2:
@@ -227,14 +281,16 @@ def rotary_frequencies(
         raise ValueError(f"rotary base must be a finite number > 1, got {base}")
     if scaling is None:
         return _default(rotary_dim, base)
-    params = dict(scaling)
-    kind = params.pop("type", None)
-    if kind not in SCHEDULES:
-        raise ValueError(f"unknown rotary scaling type {kind!r}; choose one of {sorted(SCHEDULES)}")
-    _validate(kind, params)
+    if not isinstance(scaling, Scaling):
+        raise TypeError(
+            f"scaling must be a Scaling or None, got {scaling!r}; "
+            "a {'type': ...} dict converts with Scaling.from_dict"
+        )
+    kind = scaling.kind
     if kind in ("ntk", "dynamic-ntk") and rotary_dim <= 2:
         # the NTK base exponent is rotary_dim / (rotary_dim - 2)
         raise ValueError(f"rotary scaling {kind!r} needs rotary_dim >= 4, got {rotary_dim}")
+    params = dict(scaling.params)
     if kind == "dynamic-ntk":
         params["seq_len"] = seq_len
     return SCHEDULES[kind](rotary_dim, float(base), **params)
