@@ -5,6 +5,7 @@ Run: /tmp/venv/bin/pytest tests/test_vision.py -q          (add -m slow for the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -13,8 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rove.model import POSITIONS
+from rove.rotary.nd import LAYOUTS
 from rove.vision import (
-    VIT_POSITIONS,
     TrainSettings,
     ViT,
     ViTConfig,
@@ -24,13 +26,14 @@ from rove.vision import (
     main,
     resize,
     train_vit,
+    variants,
 )
 from rove.vision.data import ImageData
 from rove.vision.report import summarize
 
 
-def tiny(pos: str, **overrides) -> ViTConfig:
-    return ViTConfig(pos=pos, n_layer=1, n_embd=16, n_head=2, **overrides)
+def tiny(pos: str, layout: str = "axial", **overrides) -> ViTConfig:
+    return ViTConfig(pos=pos, layout=layout, n_layer=1, n_embd=16, n_head=2, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +53,10 @@ def test_digits_split_is_stratified_and_scaled(digits):
     assert resize(digits.test_x[:3], 24).shape == (3, 1, 24, 24)
 
 
-@pytest.mark.parametrize("pos", VIT_POSITIONS)
+@pytest.mark.parametrize("cfg", variants(tiny("rove")), ids=lambda cfg: cfg.label)
 @pytest.mark.parametrize("pool", ["mean", "cls"])
-def test_vit_runs_at_any_grid_size(pos, pool):
-    model = ViT(tiny(pos, pool=pool)).eval()
+def test_vit_runs_at_any_grid_size(cfg, pool):
+    model = ViT(ViTConfig(**{**dataclasses.asdict(cfg), "pool": pool})).eval()
     for size in (16, 24, 32):
         for interpolate in (False, True):
             out = model(torch.rand(2, 1, size, size), interpolate=interpolate)
@@ -61,7 +64,7 @@ def test_vit_runs_at_any_grid_size(pos, pool):
 
 
 def test_positions_extrapolate_or_interpolate():
-    model = ViT(tiny("rove-axial", pool="cls"))
+    model = ViT(tiny("rove", pool="cls"))
     pos = model.positions(4, 4)
     assert pos.shape == (17, 2) and pos[0].tolist() == [1.5, 1.5]  # CLS at the grid centre
     assert torch.equal(model.positions(4, 4, interpolate=True), pos)  # identity at train size
@@ -73,10 +76,27 @@ def test_positions_extrapolate_or_interpolate():
 
 
 def test_rotary_variants_share_one_nd_rotary():
-    model = ViT(tiny("rove-mixed"))
+    model = ViT(tiny("rove", "mixed"))
     assert model.rotary is not None and model.rotary.layout == "mixed"
     assert all(b.attn.rotary is model.rotary and b.attn.pos == "rove" for b in model.blocks)
     assert all(b.attn.pos == "nope" for b in ViT(tiny("learned")).blocks)
+    nope = ViT(tiny("nope"))
+    assert nope.rotary is None and nope.pos_table is None
+    assert all(b.attn.pos == "nope" for b in nope.blocks)
+
+
+def test_variants_pair_rope_and_rove_in_each_layout():
+    """pos and layout are two fields: every rotary pos in every layout, learned and nope once
+    (their layout is unused), named by one label each; the vocabulary is GPTConfig.pos's."""
+    labels = [cfg.label for cfg in variants(ViTConfig())]
+    assert labels == ["learned", "nope", "rope-axial", "rove-axial", "rope-mixed", "rove-mixed"]
+    assert [c.label for c in variants(ViTConfig(), ["rove", "learned", "rove"], ["mixed"])] == [
+        "learned",
+        "rove-mixed",
+    ]
+    assert {cfg.pos for cfg in variants(ViTConfig())} == set(POSITIONS)
+    assert {cfg.layout for cfg in variants(ViTConfig()) if cfg.is_rotary} == set(LAYOUTS)
+    assert ViTConfig(pos="learned", layout="mixed").label == "learned"
 
 
 def test_training_is_seeded_and_learns(digits):
@@ -84,7 +104,7 @@ def test_training_is_seeded_and_learns(digits):
         digits.train_x[:256], digits.train_y[:256], digits.test_x, digits.test_y, "digits"
     )
     settings = TrainSettings(epochs=2, batch_size=32, lr=5e-3)
-    cfg = tiny("rove-axial")
+    cfg = tiny("rove")
     a = train_vit(cfg, small, settings, seed=0)
     b = train_vit(cfg, small, settings, seed=0)
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
@@ -100,22 +120,24 @@ def test_training_is_seeded_and_learns(digits):
 
 
 def test_cli_writes_report(tmp_path, digits):
-    args = ["--epochs", "1", "--positions", "rope-axial", "rove-axial", "--seeds", "0"]
+    args = ["--epochs", "1", "--pos", "rope", "rove", "--layouts", "axial", "--seeds", "0"]
     args += ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--out", str(tmp_path)]
     assert main(args) == 0
     report = (tmp_path / "report.md").read_text()
     assert "| rove-axial |" in report and "32 px, interpolate" in report
     results = json.loads((tmp_path / "results.json").read_text())
     assert len(results["records"]) == 2 and results["settings"]["test_sizes"] == [16, 24, 32]
+    record = results["records"][1]
+    assert (record["label"], record["pos"], record["layout"]) == ("rove-axial", "rove", "axial")
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
     with pytest.raises(SystemExit) as exit_:  # argparse: usage and one error line
-        main(["--positions", "rope-2d", "--out", str(tmp_path)])
+        main(["--pos", "rope-axial", "--out", str(tmp_path)])
     assert exit_.value.code == 2
 
 
 def test_summarize_mean_and_std():
     records = [
-        {"pos": "rope-axial", "seed": s, "accuracy": {"16/extrapolate": v}}
+        {"label": "rope-axial", "seed": s, "accuracy": {"16/extrapolate": v}}
         for s, v in enumerate((0.5, 0.7))
     ]
     mean, std = summarize(records)["rope-axial"]["16/extrapolate"]
@@ -130,14 +152,23 @@ def test_cifar10_without_torchvision_says_so(monkeypatch, tmp_path):
 
 
 def test_config_errors_name_the_problem():
-    with pytest.raises(ValueError, match="unknown pos"):
-        ViTConfig(pos="rope")
+    with pytest.raises(ValueError, match="unknown pos 'rope-axial'"):
+        ViTConfig(pos="rope-axial")  # the old compound value: now pos and layout
+    with pytest.raises(ValueError, match="unknown layout 'diagonal'"):
+        ViTConfig(pos="learned", layout="diagonal")  # checked even where it is unused
     with pytest.raises(ValueError, match="multiple of patch_size"):
         ViTConfig(image_size=18)
     with pytest.raises(ValueError, match="multiple of 4"):
         ViTConfig(n_embd=24, n_head=4)
     with pytest.raises(ValueError, match="not a multiple of 4"):
-        ViT(tiny("rope-axial"))(torch.rand(1, 1, 18, 18))
+        ViT(tiny("rope"))(torch.rand(1, 1, 18, 18))
+    for bad, message in (
+        ({"epochs": 0}, "epochs must be >= 1"),
+        ({"lr": 0.0}, "lr must be > 0"),
+        ({"warmup": 1.0}, "warmup must be in"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            TrainSettings(**bad)
 
 
 @pytest.mark.slow

@@ -3,16 +3,17 @@
 RoVE is not specific to text: with 2-D patch coordinates (``rove.rotary.nd.NDRotary``) the value
 rotation and the inverse output rotation carry over unchanged, and 2-D RoVE is the simplest case
 of Geometric Transform Attention. ``run_comparison`` trains the same ViT with each position
-encoding over several seeds and tests it at larger resolutions; see ``docs/vision.md``.
+encoding (``ViTConfig.pos``; rope and rove in each 2-D ``layout``) over several seeds and tests it
+at larger resolutions; see ``docs/vision.md``.
 """
 
 from rove.vision.cli import main
 from rove.vision.data import ImageData, load_cifar10, load_digits, resize
-from rove.vision.model import VIT_POSITIONS, ViT, ViTConfig
+from rove.vision.model import ROTARY, ViT, ViTConfig, variants
 from rove.vision.training import TrainSettings, evaluate, run_comparison, train_vit
 
 __all__ = [
-    "VIT_POSITIONS",
+    "ROTARY",
     "ImageData",
     "TrainSettings",
     "ViT",
@@ -24,4 +25,5 @@ __all__ = [
     "resize",
     "run_comparison",
     "train_vit",
+    "variants",
 ]

@@ -1,13 +1,17 @@
 """``rove vision``: 2-D RoPE vs 2-D RoVE (and learned / no positions) in a small ViT, over seeds.
 
-Every position encoding trains the same ViT with the same data, schedule and seeds; the only
-difference is ``ViTConfig.pos``. Each model is then tested at the training resolution and at
-larger ones (same patch size, so a larger patch grid): with *extrapolated* positions (the integer
-coordinates of the larger grid, unseen in training) and with *interpolated* ones (coordinates
-rescaled to the training span). Results are reported as mean +- std over seeds in
-``report.md``, ``results.json`` and ``accuracy.png``.
+Every variant trains the same ViT with the same data, schedule and seeds; the only difference is
+its position encoding: ``--pos`` (as in ``rove compare``), and for RoPE and RoVE the 2-D layout
+of their rotary, ``--layouts``. Each rotary encoding is trained in each layout, since the
+question is RoPE vs RoVE under the same layout (two flags of one vocabulary each, rather than
+compound names to parse); variants are named ``rove-axial``, ``learned`` (``ViTConfig.label``).
+Each model is then tested at the training resolution and at larger ones (same patch size, so a
+larger patch grid): with *extrapolated* positions (the integer coordinates of the larger grid,
+unseen in training) and with *interpolated* ones (coordinates rescaled to the training span).
+Results are reported as mean +- std over seeds in ``report.md``, ``results.json`` and
+``accuracy.png``.
 
-The default run (digits 8x8 upsampled to 16x16, patch 4, six encodings x three seeds, 20 epochs)
+The default run (digits 8x8 upsampled to 16x16, patch 4, six variants x three seeds, 20 epochs)
 takes about three minutes on two CPU cores; ``--quick`` (one seed, three epochs) about fifteen
 seconds.
 """
@@ -22,48 +26,74 @@ from dataclasses import asdict
 
 import torch
 
-from rove.terminal import command, config_defaults
+from rove.model import POSITIONS
+from rove.rotary.nd import LAYOUTS
+from rove.terminal import DefaultsFormatter, command, config_defaults, signature_defaults
 from rove.vision.data import load_cifar10, load_digits
-from rove.vision.model import VIT_POSITIONS, ViTConfig
+from rove.vision.model import POOLS, ViTConfig
 from rove.vision.report import write_report
 from rove.vision.training import TrainSettings, run_comparison
 
 __all__ = ["build_parser", "main"]
 
+# what --quick changes, unless --epochs / --seeds are given
+QUICK_EPOCHS = 3
+QUICK_SEEDS = (0,)
+SEEDS = signature_defaults(run_comparison, "seeds")["seeds"]
+IMAGE_SIZES = {"digits": 16, "cifar10": 32}  # each dataset's default training size, pixels
+
+
+def _spaced(values: tuple[int, ...]) -> str:
+    return " ".join(map(str, values))
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rove vision",
-        description="Train a small ViT with 2-D RoPE, 2-D RoVE and baselines; compare over seeds.",
+        description="Train a small ViT with 2-D RoPE, 2-D RoVE and baselines; compare over seeds. "
+        "Every setting is checked before the first model trains.",
+        formatter_class=DefaultsFormatter,
     )
-    parser.add_argument("--quick", action="store_true", help="1 seed, 3 epochs (< 30 s on CPU)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_EPOCHS} epochs, seed {_spaced(QUICK_SEEDS)} (< 30 s on CPU)",
+    )
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", default="digits", choices=("digits", "cifar10"), help="dataset")
+    data.add_argument("--dataset", default="digits", choices=tuple(IMAGE_SIZES), help="dataset")
     data.add_argument("--data-root", default="data/cifar10", help="CIFAR-10 folder (torchvision)")
     data.add_argument("--download", action="store_true", help="let torchvision download CIFAR-10")
     data.add_argument(
-        "--image-size", type=int, default=None, help="train size (16 digits, 32 cifar)"
+        "--image-size",
+        type=int,
+        help="train size; default: " + ", ".join(f"{v} {k}" for k, v in IMAGE_SIZES.items()),
     )
     data.add_argument(
-        "--test-sizes", type=int, nargs="+", help="test sizes in pixels (default: 1x, 1.5x, 2x)"
+        "--test-sizes", type=int, nargs="+", help="test sizes in pixels; default: 1x, 1.5x, 2x"
     )
     model = parser.add_argument_group("model")
     model.add_argument("--patch-size", type=int, help="square patch side in pixels")
     model.add_argument("--n-layer", type=int, help="transformer blocks")
     model.add_argument("--n-embd", type=int, help="width")
     model.add_argument("--n-head", type=int, help="attention heads")
-    model.add_argument("--pool", choices=("mean", "cls"), help="pooling")
+    model.add_argument("--pool", choices=POOLS, help="pooling")
     model.add_argument(
-        "--positions",
-        nargs="+",
-        choices=VIT_POSITIONS,
-        default=list(VIT_POSITIONS),
-        metavar="POS",
-        help=f"position encodings (default: all of {', '.join(VIT_POSITIONS)})",
-    )
+        "--pos", nargs="+", choices=POSITIONS, metavar="POS",
+        help=f"position encodings ({', '.join(POSITIONS)})",
+    )  # fmt: skip
+    model.add_argument(
+        "--layouts", nargs="+", choices=LAYOUTS, metavar="LAYOUT",
+        help=f"2-D layouts of the rotary encodings, rope and rove ({', '.join(LAYOUTS)})",
+    )  # fmt: skip
     run = parser.add_argument_group("training")
-    run.add_argument("--epochs", type=int, default=None, help="epochs (default 20, quick 3)")
-    run.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2, quick: 0)")
+    run.add_argument(
+        "--epochs", type=int,
+        help=f"epochs; default: {TrainSettings.epochs}, with --quick {QUICK_EPOCHS}",
+    )  # fmt: skip
+    run.add_argument(
+        "--seeds", type=int, nargs="+", metavar="SEED",
+        help=f"seeds; default: {_spaced(SEEDS)}, with --quick {_spaced(QUICK_SEEDS)}",
+    )  # fmt: skip
     run.add_argument("--lr", type=float, help="peak learning rate")
     run.add_argument(
         "--threads",
@@ -78,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         **{k: v for k, v in config_defaults(ViTConfig).items() if k in model_fields}
     )
     parser.set_defaults(lr=config_defaults(TrainSettings)["lr"])
+    parser.set_defaults(**signature_defaults(run_comparison, "pos", "layouts"))
     return parser
 
 
@@ -94,15 +125,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    positions = tuple(dict.fromkeys(args.positions))
+    size = IMAGE_SIZES[args.dataset] if args.image_size is None else args.image_size
     if args.dataset == "digits":
-        data, in_channels, size = load_digits(), 1, args.image_size or 16
+        data, in_channels = load_digits(), 1
     else:
-        data, in_channels, size = (
-            load_cifar10(args.data_root, args.download),
-            3,
-            args.image_size or 32,
-        )
+        data, in_channels = load_cifar10(args.data_root, args.download), 3
     test_sizes = tuple(args.test_sizes or (size, size * 3 // 2, size * 2))
     base = ViTConfig(
         image_size=size,
@@ -114,11 +141,12 @@ def _run(args: argparse.Namespace) -> int:
         n_embd=args.n_embd,
         pool=args.pool,
     )
-    train = TrainSettings(epochs=args.epochs or (3 if args.quick else 20), lr=args.lr)
-    seeds = tuple(args.seeds or ((0,) if args.quick else (0, 1, 2)))
+    epochs = QUICK_EPOCHS if args.quick else TrainSettings.epochs
+    train = TrainSettings(epochs=epochs if args.epochs is None else args.epochs, lr=args.lr)
+    seeds = tuple(args.seeds or (QUICK_SEEDS if args.quick else SEEDS))
     start = time.perf_counter()
     records = run_comparison(
-        data, base, train, positions=positions, seeds=seeds, test_sizes=test_sizes
+        data, base, train, pos=args.pos, layouts=args.layouts, seeds=seeds, test_sizes=test_sizes
     )
     settings = {
         "dataset": data.name,

@@ -2,7 +2,11 @@
 
 Patches of an image sit on a 2-D grid, so RoPE and RoVE need 2-D positions: ``NDRotary`` with
 the axial layout (half the planes encode the row, half the column) or the mixed one (every plane
-has its own direction, RoPE-Mixed). The blocks are ``RoveAttention`` layers run non-causally with
+has its own direction, RoPE-Mixed). ``ViTConfig.pos`` is the position encoding, the same choices
+as ``GPTConfig.pos``; ``ViTConfig.layout`` is the rotary's layout, which learned and no positions
+do not have. A variant is named by ``ViTConfig.label`` (``rove-axial``, ``learned``).
+
+The blocks are ``RoveAttention`` layers run non-causally with
 ``(T, 2)`` patch coordinates; everything else (patch embedding, pre-LN blocks, GELU MLP, pooling,
 linear head) is a plain ViT, so variants differ in exactly one thing.
 
@@ -21,6 +25,7 @@ RoPE-Mixed); Dosovitskiy et al. 2021 (ViT).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,12 +34,14 @@ import torch.nn.functional as F
 
 from rove.functional import Pos, check_pos
 from rove.layer import RoveAttention
-from rove.rotary.nd import NDRotary, grid_positions
+from rove.model import POSITIONS
+from rove.rotary.nd import LAYOUTS, NDRotary, grid_positions
 
-__all__ = ["VIT_POSITIONS", "ViT", "ViTConfig"]
+__all__ = ["POOLS", "ROTARY", "ViT", "ViTConfig", "variants"]
 
-# position encodings: "<pos>-<layout>" for 2-D rotary, or learned absolute, or none
-VIT_POSITIONS = ("learned", "nope", "rope-axial", "rove-axial", "rope-mixed", "rove-mixed")
+# the position encodings that rotate by a 2-D rotary, and so have a layout
+ROTARY = ("rope", "rove")
+POOLS = ("mean", "cls")  # the mean over patches or a CLS token
 
 
 @dataclass
@@ -47,17 +54,24 @@ class ViTConfig:
     n_head: int = 4  # attention heads
     n_embd: int = 64  # width; head dim = n_embd // n_head
     mlp_ratio: int = 2  # MLP hidden width = mlp_ratio * n_embd
-    pos: str = "rove-axial"  # one of VIT_POSITIONS
+    pos: str = "rove"  # learned, nope, rope or rove (rove.model.POSITIONS)
+    layout: str = "axial"  # of the 2-D rotary (rope, rove): axial or mixed; unused otherwise
     rope_base: float = 100.0  # ladder base of the 2-D rotary (RoPE-ViT uses 100)
     mixed_seed: int = 0  # seed of the mixed layout's random directions
-    pool: str = "mean"  # "mean" over patches or "cls" token
+    pool: str = "mean"  # one of POOLS
     dropout: float = 0.0  # dropout on the residual branches
 
     def __post_init__(self) -> None:
-        if self.pos not in VIT_POSITIONS:
-            raise ValueError(f"unknown pos {self.pos!r}; choose one of {VIT_POSITIONS}")
-        if self.pool not in ("mean", "cls"):
-            raise ValueError(f"unknown pool {self.pool!r}; choose 'mean' or 'cls'")
+        counts = "image_size patch_size in_channels n_classes n_layer n_head n_embd mlp_ratio"
+        for name in counts.split():
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.pos not in POSITIONS:
+            raise ValueError(f"unknown pos {self.pos!r}; choose one of {POSITIONS}")
+        if self.layout not in LAYOUTS:  # checked for every pos: a typo is never silently unused
+            raise ValueError(f"unknown layout {self.layout!r}; choose one of {LAYOUTS}")
+        if self.pool not in POOLS:
+            raise ValueError(f"unknown pool {self.pool!r}; choose one of {POOLS}")
         if self.image_size % self.patch_size:
             raise ValueError(
                 f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}"
@@ -72,8 +86,28 @@ class ViTConfig:
     def grid(self) -> int:
         return self.image_size // self.patch_size
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    @property
+    def is_rotary(self) -> bool:
+        """Whether ``pos`` rotates by the 2-D rotary (and so ``layout`` matters)."""
+        return self.pos in ROTARY
+
+    @property
+    def label(self) -> str:
+        """The variant's name in logs, records and reports: ``rove-axial``, ``learned``."""
+        return f"{self.pos}-{self.layout}" if self.is_rotary else self.pos
+
+
+def variants(
+    base: ViTConfig, pos: Sequence[str] = POSITIONS, layouts: Sequence[str] = LAYOUTS
+) -> list[ViTConfig]:
+    """``base`` with each position encoding of ``pos``, the rotary ones in each of ``layouts``
+    (repeats dropped): learned and nope first, then per layout RoPE beside RoVE."""
+    pos, layouts = list(dict.fromkeys(pos)), list(dict.fromkeys(layouts))
+    plain = [dataclasses.replace(base, pos=p) for p in pos if p not in ROTARY]
+    rotary = [
+        dataclasses.replace(base, pos=p, layout=x) for x in layouts for p in pos if p in ROTARY
+    ]
+    return plain + rotary
 
 
 class _Block(nn.Module):
@@ -101,19 +135,18 @@ class ViT(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.config = cfg
-        pos, _, layout = cfg.pos.partition("-")
         self.rotary = (
             NDRotary(
                 cfg.n_embd // cfg.n_head,
                 2,
-                layout=layout,  # type: ignore[arg-type]
+                layout=cfg.layout,  # type: ignore[arg-type]  # checked against LAYOUTS
                 base=cfg.rope_base,
                 seed=cfg.mixed_seed,
             )
-            if layout
+            if cfg.is_rotary
             else None
         )
-        attn_pos = check_pos(pos) if layout else "nope"
+        attn_pos = check_pos(cfg.pos) if cfg.is_rotary else "nope"
         self.patch = nn.Conv2d(cfg.in_channels, cfg.n_embd, cfg.patch_size, cfg.patch_size)
         self.pos_table = (
             nn.Parameter(torch.randn(1, cfg.n_embd, cfg.grid, cfg.grid) * 0.02)

@@ -12,18 +12,19 @@ __all__ = ["plot_accuracy", "summarize", "write_report"]
 
 
 def summarize(records: list[dict]) -> dict[str, dict[str, tuple[float, float]]]:
-    """``{pos: {column: (mean, std)}}`` over seeds (std 0 for a single seed)."""
+    """``{label: {column: (mean, std)}}`` over seeds (std 0 for a single seed); the label names
+    the variant (``ViTConfig.label``)."""
     table: dict[str, dict[str, list[float]]] = {}
     for rec in records:
-        cols = table.setdefault(rec["pos"], {})
+        cols = table.setdefault(rec["label"], {})
         for key, value in rec["accuracy"].items():
             cols.setdefault(key, []).append(value)
     return {
-        pos: {
+        label: {
             k: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0)
             for k, v in cols.items()
         }
-        for pos, cols in table.items()
+        for label, cols in table.items()
     }
 
 
@@ -34,12 +35,12 @@ def plot_accuracy(summary: dict, test_sizes: tuple[int, ...], path: Path) -> Pat
     fig = Figure(figsize=(10, 3.8), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
     for ax, protocol in zip(axes, ("extrapolate", "interpolate"), strict=True):
-        for pos, cols in summary.items():
+        for label, cols in summary.items():
             mean = [cols[f"{s}/{protocol}"][0] for s in test_sizes]
             std = [cols[f"{s}/{protocol}"][1] for s in test_sizes]
-            style = "-" if pos.startswith("rove") else "--" if pos.startswith("rope") else ":"
+            style = "-" if label.startswith("rove") else "--" if label.startswith("rope") else ":"
             ax.errorbar(
-                test_sizes, mean, yerr=std, ls=style, marker="o", ms=4, capsize=3, label=pos
+                test_sizes, mean, yerr=std, ls=style, marker="o", ms=4, capsize=3, label=label
             )
         ax.set_xticks(list(test_sizes))
         ax.set_xlabel("test image size (pixels; the patch size is fixed)")
@@ -76,12 +77,12 @@ def write_report(
         "*extrapolate* feeds its integer coordinates, *interpolate* rescales them to the "
         "training span (learned tables are always resized bilinearly).",
         "",
-        "| pos | " + " | ".join(names) + " |",
+        "| variant | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(cols),
     ]
-    for pos, values in summary.items():
+    for label, values in summary.items():
         cells = " | ".join(f"{values[c][0]:.3f} +- {values[c][1]:.3f}" for c in cols)
-        lines.append(f"| {pos} | {cells} |")
+        lines.append(f"| {label} | {cells} |")
     seconds = sum(r["train_seconds"] for r in records)
     lines += [
         "",

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from rove.model import POSITIONS
+from rove.rotary.nd import LAYOUTS
 from rove.vision.data import ImageData, resize
-from rove.vision.model import VIT_POSITIONS, ViT, ViTConfig
+from rove.vision.model import ViT, ViTConfig, variants
 
 __all__ = ["TrainSettings", "evaluate", "run_comparison", "train_vit"]
 
@@ -26,6 +29,17 @@ class TrainSettings:
     lr: float = 2e-3  # peak AdamW learning rate (one-cycle: warm-up then cosine to ~0)
     weight_decay: float = 0.05  # AdamW weight decay
     warmup: float = 0.1  # share of the steps spent warming up
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.warmup < 1:
+            raise ValueError(f"warmup must be in [0, 1), got {self.warmup}")
 
 
 def train_vit(cfg: ViTConfig, data: ImageData, settings: TrainSettings, seed: int) -> ViT:
@@ -71,19 +85,30 @@ def run_comparison(
     base: ViTConfig,
     settings: TrainSettings,
     *,
-    positions: tuple[str, ...] = VIT_POSITIONS,
-    seeds: tuple[int, ...] = (0, 1, 2),
-    test_sizes: tuple[int, ...] = (16, 24, 32),
+    pos: Sequence[str] = POSITIONS,
+    layouts: Sequence[str] = LAYOUTS,
+    seeds: Sequence[int] = (0, 1, 2),
+    test_sizes: Sequence[int] = (16, 24, 32),
     log: bool = True,
 ) -> list[dict]:
-    """Train every position encoding with every seed; one record per run.
+    """Train every variant (``variants(base, pos, layouts)``) with every seed; one record each.
 
-    A record holds ``pos``, ``seed``, ``train_seconds`` and ``accuracy``:
-    ``{"<size>/extrapolate": acc, "<size>/interpolate": acc}`` for each test size.
+    A record holds the variant's ``label``, ``pos`` and ``layout`` (None without a rotary),
+    ``seed``, ``train_seconds`` and ``accuracy``: ``{"<size>/extrapolate": acc,
+    "<size>/interpolate": acc}`` for each test size. Every setting is checked before the first
+    model trains.
     """
+    configs = variants(base, pos, layouts)
+    if not configs:
+        raise ValueError("no variant to train: pos (and layouts for rope, rove) are empty")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list without repeats, got {list(seeds)}")
+    if bad := [s for s in test_sizes if s < base.patch_size or s % base.patch_size]:
+        raise ValueError(
+            f"test sizes {bad} are not positive multiples of patch_size {base.patch_size}"
+        )
     records = []
-    for pos in positions:
-        cfg = ViTConfig(**{**asdict(base), "pos": pos})
+    for cfg in configs:
         for seed in seeds:
             start = time.perf_counter()
             model = train_vit(cfg, data, settings, seed)
@@ -94,8 +119,17 @@ def run_comparison(
                     acc[f"{size}/{protocol}"] = evaluate(
                         model, data, size, interpolate=protocol == "interpolate"
                     )
-            records.append({"pos": pos, "seed": seed, "train_seconds": seconds, "accuracy": acc})
+            records.append(
+                {
+                    "label": cfg.label,
+                    "pos": cfg.pos,
+                    "layout": cfg.layout if cfg.is_rotary else None,
+                    "seed": seed,
+                    "train_seconds": seconds,
+                    "accuracy": acc,
+                }
+            )
             if log:
                 shown = ", ".join(f"{k} {v:.3f}" for k, v in acc.items())
-                print(f"{pos:>11} seed {seed}: {shown} ({seconds:.1f}s)", flush=True)
+                print(f"{cfg.label:>11} seed {seed}: {shown} ({seconds:.1f}s)", flush=True)
     return records
