@@ -194,6 +194,32 @@ def test_analyze_writes_report_and_figures(tmp_path):
     assert "Circuits" not in (out / "report.md").read_text()
 
 
+@pytest.mark.parametrize("channels", [8, 32, 100])
+def test_analyze_computes_the_head_mixer_once(tmp_path, monkeypatch, channels):
+    """The figure's mixer (``channels``) and the defect's (64 channels) are leading channels of
+    one mixer: before, the head's mixer was computed twice. Both parts equal their own mixer."""
+    import rove.analysis.report as report
+
+    model = random_model("rove", "tiny")
+    calls: list[int | None] = []
+
+    def counted(attn, head, weights, positions, channels=None):
+        calls.append(channels)
+        return head_mixer(attn, head, weights, positions, channels)
+
+    monkeypatch.setattr(report, "head_mixer", counted)
+    ids = torch.randint(0, 256, (6,))
+    found = report._analyze_head(model, ids, layer=0, head=1, channels=channels, context=64)
+    assert calls == [max(channels, 64)]
+    attn = model.blocks[0].attn
+    x = capture_input(model, ids, 0)
+    weights = attention_weights(attn, x, torch.arange(6))[1]
+    alone = head_mixer(attn, 1, weights, torch.arange(6), channels)
+    torch.testing.assert_close(found.mixer, alone, rtol=0, atol=1e-15)
+    defect = kronecker_defect(head_mixer(attn, 1, weights, torch.arange(6), 64), 6, 6)
+    assert found.defect == pytest.approx(defect, rel=1e-12)
+
+
 def test_cli_random_and_checkpoint(tmp_path, capsys):
     assert main(["--random", "--pos", "rope", "--seq-len", "6", "--out", str(tmp_path / "r")]) == 0
     text = (tmp_path / "r" / "report.md").read_text()

@@ -39,7 +39,7 @@ from rove.analysis.plots import (
 )
 from rove.atomic import write_text_atomic
 from rove.model import GPT, POSITIONS, PRESETS, GPTConfig, get_preset
-from rove.terminal import command
+from rove.terminal import DefaultsFormatter, command, signature_defaults
 
 __all__ = ["analyze", "build_parser", "main", "random_model"]
 
@@ -186,6 +186,8 @@ def _analyze_head(
     defect_width = min(cfg.n_embd, 64)
     n = len(ids)
     layer_mixer_fits = n * cfg.n_embd <= MAX_LAYER_MIXER
+    # the figure's mixer and the defect's are the leading channels of one: compute the wider
+    widest = head_mixer(attn, head, attention, positions, max(channels, defect_width))
     return _HeadAnalysis(
         layer=layer,
         head=head,
@@ -194,16 +196,24 @@ def _analyze_head(
         n_tokens=n,
         attention=attention,
         channels=channels,
-        mixer=head_mixer(attn, head, attention, positions, channels),
+        mixer=_leading_channels(widest, n, channels),
         bank=kernel_bank(attn, head, positions, channels),
         kernel_deltas=kernel_deltas,
         kernels=offset_kernels(attn, head, kernel_deltas),
         defect_width=defect_width,
-        defect=kronecker_defect(head_mixer(attn, head, attention, positions, defect_width), n, n),
+        defect=kronecker_defect(_leading_channels(widest, n, defect_width), n, n),
         error=reconstruction_error(attn, x, positions) if layer_mixer_fits else None,
         circuits=None if attn.rotary is None else circuit_summary(attn, _deltas(context), context),
         rotates_values=attn.pos == "rove",
     )
+
+
+def _leading_channels(mixer: torch.Tensor, n_tokens: int, channels: int) -> torch.Tensor:
+    """The mixer of a head's first ``channels`` channels, cut out of its mixer of more: block
+    (i, j) of either is ``A_ij W_O psi W_V`` restricted to those channels."""
+    width = mixer.shape[0] // n_tokens
+    blocks = mixer.reshape(n_tokens, width, n_tokens, width)[:, :channels, :, :channels]
+    return blocks.reshape(n_tokens * channels, n_tokens * channels)
 
 
 def _plot(found: _HeadAnalysis, out: Path) -> None:
@@ -296,27 +306,29 @@ def _circuit_section(summary: CircuitSummary, context: int, rotates_values: bool
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``rove analyze``'s flags; their defaults are those of ``analyze`` and ``random_model``."""
     parser = argparse.ArgumentParser(
         prog="rove analyze",
         description="Mixer matrix, offset kernels and circuit summaries of one attention head.",
+        formatter_class=DefaultsFormatter,
     )
     src = parser.add_argument_group("model")
     src.add_argument("checkpoint", nargs="?", help="checkpoint or run folder (omit with --random)")
     src.add_argument("--random", action="store_true", help="analyse a randomly initialised model")
-    src.add_argument(
-        "--pos", default="rove", choices=POSITIONS, help="position encoding of the random model"
-    )
-    src.add_argument(
-        "--preset", default="nano", choices=sorted(PRESETS), help="size of the random model"
-    )
+    src.add_argument("--pos", choices=POSITIONS, help="position encoding of the random model")
+    src.add_argument("--preset", choices=sorted(PRESETS), help="size of the random model")
     what = parser.add_argument_group("what to analyse")
-    what.add_argument("--layer", type=int, default=0, help="block index")
-    what.add_argument("--head", type=int, default=0, help="query head index")
-    what.add_argument("--text", default=None, help="input text (default: random tokens)")
-    what.add_argument("--seq-len", type=int, default=16, help="tokens analysed")
-    what.add_argument("--channels", type=int, default=8, help="channels per token in the figures")
-    what.add_argument("--seed", type=int, default=0, help="seed of the random model and tokens")
+    what.add_argument("--layer", type=int, help="block index")
+    what.add_argument("--head", type=int, help="query head index")
+    what.add_argument("--text", help="input text; default: random tokens")
+    what.add_argument("--seq-len", type=int, help="tokens analysed")
+    what.add_argument("--channels", type=int, help="channels per token in the figures")
+    what.add_argument("--seed", type=int, help="seed of the random model and tokens")
     parser.add_argument("--out", default="analysis", help="output folder for report.md and PNGs")
+    parser.set_defaults(
+        **signature_defaults(random_model, "pos", "preset"),
+        **signature_defaults(analyze, "layer", "head", "text", "seq_len", "channels", "seed"),
+    )
     return parser
 
 
