@@ -135,8 +135,22 @@ def test_identity_and_check(gpt2):
 
 
 def test_unknown_tokenizer_lists_valid_names():
-    with pytest.raises(ValueError, match=r"'bpe'.*byte, gpt2"):
+    with pytest.raises(ValueError, match=r"'bpe'.*byte, gpt2 or hf:PATH"):
         get_tokenizer("bpe")
+    assert tk.TOKENIZERS == ("gpt2", "byte")  # what get_tokenizer builds by name
+    for name in (*tk.TOKENIZERS, "hf:any/path"):  # a name is checked before a file is read
+        assert tk.check_tokenizer_name(name) == name
+
+
+def test_every_tokenizer_is_what_the_evaluations_read():
+    """One ``Tokenizer`` class (this ABC): the evaluations type against ``TextCodec``, the part of
+    it they read, a protocol so their test mocks need not derive from it."""
+    import rove.eval
+    from rove.eval.protocol import TextCodec
+
+    for name in tk.TOKENIZERS:
+        assert isinstance(get_tokenizer(name), TextCodec)
+    assert not hasattr(rove.eval, "Tokenizer") and rove.eval.TextCodec is TextCodec
 
 
 def test_bundled_files_are_hash_checked(tmp_path, monkeypatch):

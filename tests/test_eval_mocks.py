@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rove.eval.protocol import LanguageModel, Tokenizer
+from rove.eval.protocol import LanguageModel, TextCodec
 
 
 class ByteTokenizer:
@@ -176,8 +176,8 @@ def uniform_table(vocab: int) -> torch.Tensor:
 def test_mocks_satisfy_protocols() -> None:
     assert isinstance(TableLM(uniform_table(4)), LanguageModel)
     assert isinstance(CopyLM(), LanguageModel)
-    assert isinstance(ByteTokenizer(), Tokenizer)
-    assert isinstance(WordTokenizer(), Tokenizer)
+    assert isinstance(ByteTokenizer(), TextCodec)
+    assert isinstance(WordTokenizer(), TextCodec)
 
 
 def test_table_lm_token_nll_matches_table() -> None:

@@ -271,18 +271,27 @@ class HFTokenizer(Tokenizer):
 
 
 _TOKENIZERS = {"gpt2": lambda: GPT2Tokenizer(_load_gpt2_encoding()), "byte": ByteTokenizer}
+# The built-in tokenizers' names; any other is a local Hugging Face tokenizer, "hf:PATH".
+TOKENIZERS = tuple(_TOKENIZERS)
+HF_PREFIX = "hf:"
+
+
+def check_tokenizer_name(name: str) -> str:
+    """``name`` if it names a tokenizer (one of ``TOKENIZERS`` or ``hf:PATH``), else a
+    ``ValueError`` naming the choices; the file behind ``hf:PATH`` is read only when built."""
+    if name in TOKENIZERS or name.startswith(HF_PREFIX):
+        return name
+    raise ValueError(
+        f"unknown tokenizer {name!r}; valid names: {', '.join(sorted(TOKENIZERS))} "
+        f"or {HF_PREFIX}PATH (a local tokenizer.json)"
+    )
 
 
 @cache
 def get_tokenizer(name: str) -> Tokenizer:
     """The tokenizer called ``name`` ("gpt2", "byte" or "hf:PATH"); built once per process."""
-    if name.startswith("hf:"):
-        return HFTokenizer(name[3:])
-    if name not in _TOKENIZERS:
-        raise ValueError(
-            f"unknown tokenizer {name!r}; valid names: {', '.join(sorted(_TOKENIZERS))} "
-            "or hf:PATH (a local tokenizer.json)"
-        )
+    if check_tokenizer_name(name).startswith(HF_PREFIX):
+        return HFTokenizer(name.removeprefix(HF_PREFIX))
     return _TOKENIZERS[name]()
 
 

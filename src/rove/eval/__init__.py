@@ -16,7 +16,7 @@ from rove.eval.core import CORE_TASKS, evaluate_core
 from rove.eval.icl import ICL_TASKS, evaluate_icl, generate_icl
 from rove.eval.lm_eval_adapter import RoveLMAdapter, make_lm_eval_model
 from rove.eval.perplexity import perplexity_vs_length
-from rove.eval.protocol import LanguageModel, Tokenizer
+from rove.eval.protocol import LanguageModel, TextCodec
 from rove.eval.ruler import RULER_TASKS, evaluate_ruler
 from rove.eval.ruler import generate as generate_ruler
 
@@ -26,7 +26,7 @@ __all__ = [
     "RULER_TASKS",
     "LanguageModel",
     "RoveLMAdapter",
-    "Tokenizer",
+    "TextCodec",
     "evaluate_core",
     "evaluate_icl",
     "evaluate_ruler",

@@ -38,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from rove.eval.protocol import LanguageModel, Tokenizer
+from rove.eval.protocol import LanguageModel, TextCodec
 from rove.eval.scoring import ChoiceItem, CompletionItem, centered_accuracy, evaluate_items
 
 __all__ = [
@@ -293,7 +293,7 @@ def core_score(centered: dict[str, float]) -> float:
 
 def evaluate_core(
     model: LanguageModel,
-    tokenizer: Tokenizer,
+    tokenizer: TextCodec,
     bundle_dir: str | Path,
     *,
     tasks: Sequence[str] | None = None,

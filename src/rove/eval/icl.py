@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from rove.eval.protocol import LanguageModel, Tokenizer
+from rove.eval.protocol import LanguageModel, TextCodec
 from rove.eval.scoring import ChoiceItem, CompletionItem, centered_accuracy, evaluate_items
 
 __all__ = ["ICL_TASKS", "IclTask", "evaluate_icl", "generate_icl"]
@@ -176,14 +176,14 @@ ICL_TASKS: dict[str, IclTask] = {
 }
 
 
-def _n_tokens(item: Item, tokenizer: Tokenizer) -> int:
+def _n_tokens(item: Item, tokenizer: TextCodec) -> int:
     """End-of-text token + the longest option's context and continuation."""
     options = item.options if isinstance(item, ChoiceItem) else ((item.context, item.continuation),)
     return 1 + max(len(tokenizer.encode(c + k)) for c, k in options)
 
 
 def generate_icl(
-    task: str, n_items: int, tokenizer: Tokenizer, max_tokens: int, seed: int
+    task: str, n_items: int, tokenizer: TextCodec, max_tokens: int, seed: int
 ) -> list[Item]:
     """``n_items`` items of ``task``, each with as many examples as fit ``max_tokens`` (up to the cap).
 
@@ -210,7 +210,7 @@ def generate_icl(
 
 def evaluate_icl(
     model: LanguageModel,
-    tokenizer: Tokenizer,
+    tokenizer: TextCodec,
     tasks: Sequence[str] = tuple(ICL_TASKS),
     *,
     n_items: int = 100,

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from rove.eval.protocol import LanguageModel, Tokenizer
+from rove.eval.protocol import LanguageModel, TextCodec
 from rove.eval.scoring import encode_pair, model_device, score_continuations
 from rove.terminal import command
 
@@ -39,7 +39,7 @@ class RoveLMAdapter:
     def __init__(
         self,
         model: LanguageModel,
-        tokenizer: Tokenizer,
+        tokenizer: TextCodec,
         *,
         batch_size: int = 8,
         max_length: int | None = None,
@@ -141,7 +141,7 @@ class RoveLMAdapter:
         return outputs
 
 
-def make_lm_eval_model(model: LanguageModel, tokenizer: Tokenizer, **kwargs: Any) -> Any:
+def make_lm_eval_model(model: LanguageModel, tokenizer: TextCodec, **kwargs: Any) -> Any:
     """An ``lm_eval.api.model.LM`` instance for ``lm_eval.simple_evaluate(model=...)``.
 
     ``kwargs`` go to :class:`rove.eval.lm_eval_model.RoveLM` (batch_size, max_length,

@@ -26,7 +26,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from rove.eval.lm_eval_adapter import RoveLMAdapter
-from rove.eval.protocol import LanguageModel, Tokenizer
+from rove.eval.protocol import LanguageModel, TextCodec
 
 __all__ = ["RoveLM"]
 
@@ -61,7 +61,7 @@ class RoveLM(LM):
         pretrained: str | None = None,
         *,
         model: LanguageModel | None = None,
-        tokenizer: Tokenizer | None = None,
+        tokenizer: TextCodec | None = None,
         batch_size: int | str | None = 8,
         max_batch_size: int | None = None,
         device: str | None = None,

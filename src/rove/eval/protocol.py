@@ -1,4 +1,4 @@
-"""The model and tokenizer interfaces every evaluation in :mod:`rove.eval` is written against.
+"""The model and text interfaces every evaluation in :mod:`rove.eval` is written against.
 
 Why protocols: the evaluations must run on any causal LM of the project (RoPE, RoVE, learned absolute
 positions, ...) and on tiny mock models in the tests, so they depend on this structural interface only,
@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["LanguageModel", "ModelConfig", "Tokenizer"]
+__all__ = ["LanguageModel", "ModelConfig", "TextCodec"]
 
 
 @runtime_checkable
@@ -62,13 +62,17 @@ class LanguageModel(Protocol):
         ...
 
     def rope_scaling(self, kind: str | None, factor: float) -> AbstractContextManager[object]:
-        """Context manager applying inference-time frequency scaling (None/"yarn"/"ntk"/"linear")."""
+        """Context manager applying inference-time frequency scaling ``kind`` (None = plain, or
+        one of ``rove.rotary.SCALING_KINDS``)."""
         ...
 
 
 @runtime_checkable
-class Tokenizer(Protocol):
-    """Text <-> token ids, with the end-of-text token used as document separator / BOS."""
+class TextCodec(Protocol):
+    """Text <-> token ids, with the end-of-text token used as document separator / BOS: the part
+    of a tokenizer the evaluations read. Every ``rove.data.tokenizers.Tokenizer`` is one; so is
+    any object with these members (a test's mock, another library's tokenizer wrapped), which
+    needs no vocabulary size or fingerprint, hence a protocol and not that class."""
 
     name: str
     eot_token: int

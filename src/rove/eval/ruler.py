@@ -45,7 +45,7 @@ from typing import Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from rove.eval.protocol import LanguageModel, Tokenizer
+from rove.eval.protocol import LanguageModel, TextCodec
 from rove.eval.qa import QADataset, load_hotpotqa, load_squad_v2
 from rove.eval.scoring import (
     encode_pair,
@@ -125,7 +125,7 @@ class Sample:
 class _Hay:
     """The haystack corpus as one token stream; document boundaries (eot) become blank lines."""
 
-    def __init__(self, haystack: Haystack, tokenizer: Tokenizer) -> None:
+    def __init__(self, haystack: Haystack, tokenizer: TextCodec) -> None:
         self.tok = tokenizer
         self.sep = tokenizer.encode("\n\n")
         if isinstance(haystack, np.ndarray):
@@ -165,7 +165,7 @@ def _number(rng: random.Random) -> str:
 
 
 def _fit(
-    build: Callable[[int], tuple[str, list[str]]], n0: int, budget: int, tok: Tokenizer, unit: float
+    build: Callable[[int], tuple[str, list[str]]], n0: int, budget: int, tok: TextCodec, unit: float
 ) -> tuple[str, list[str]]:
     """``build(n)`` for the largest n <= n0 tried whose ``[eot] + prompt`` fits ``budget`` tokens.
 
@@ -183,7 +183,7 @@ def _fit(
     raise ValueError(f"cannot fit the task into {budget} prompt tokens: increase length_tokens")
 
 
-def _units_estimate(units: Sequence[str], tok: Tokenizer) -> float:
+def _units_estimate(units: Sequence[str], tok: TextCodec) -> float:
     """Mean tokens per space-joined unit."""
     k = min(len(units), 64)
     return max(1.0, len(tok.encode(" " + " ".join(units[:k]))) / k)
@@ -425,7 +425,7 @@ def generate(
     task: str,
     n_samples: int,
     length_tokens: int,
-    tokenizer: Tokenizer,
+    tokenizer: TextCodec,
     haystack: Haystack,
     seed: int,
     *,
@@ -458,7 +458,7 @@ def generate(
 
 def evaluate_ruler(
     model: LanguageModel,
-    tokenizer: Tokenizer,
+    tokenizer: TextCodec,
     tasks: Sequence[str],
     lengths: Sequence[int],
     n_samples: int,
@@ -521,7 +521,7 @@ def group_means(values: dict[str, float | None]) -> dict[str, float | None]:
 
 def _score_samples(
     model: LanguageModel,
-    tokenizer: Tokenizer,
+    tokenizer: TextCodec,
     samples: list[Sample],
     scaling: str | None,
     length: int,

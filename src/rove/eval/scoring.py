@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 from tqdm.auto import tqdm
 
-from rove.eval.protocol import LanguageModel, Tokenizer
+from rove.eval.protocol import LanguageModel, TextCodec
 
 __all__ = [
     "ChoiceItem",
@@ -114,7 +114,7 @@ def rope_scaled(model: LanguageModel, kind: str | None, length: int) -> Iterator
         yield factor
 
 
-def encode_pair(tokenizer: Tokenizer, context: str, continuation: str) -> Pair:
+def encode_pair(tokenizer: TextCodec, context: str, continuation: str) -> Pair:
     """Token ids of ``context`` and ``continuation`` such that their concatenation tokenizes the text.
 
     Trailing whitespace of the context is moved to the continuation first. If the tokenization of the
@@ -207,7 +207,7 @@ def multiple_choice(scores: Sequence[ContinuationScore]) -> int:
 
 def evaluate_items(
     model: LanguageModel,
-    tokenizer: Tokenizer,
+    tokenizer: TextCodec,
     items: Sequence[ChoiceItem | CompletionItem],
     *,
     batch_size: int = 8,

@@ -36,11 +36,12 @@ from rove.atomic import write_json_atomic
 from rove.eval.icl import ICL_TASKS, evaluate_icl
 from rove.eval.perplexity import perplexity_vs_length
 from rove.eval.protocol import LanguageModel
+from rove.eval.records import scaling_key, scaling_kind
 from rove.eval.ruler import RULER_TASKS, evaluate_ruler
 from rove.eval.summary import eval_summary_lines
 from rove.lock import lock_folder
-from rove.model import SCALING_KINDS
 from rove.precision import resolve_device
+from rove.rotary import SCALING_KINDS
 from rove.terminal import command, config_defaults, config_from_args, interactive
 
 __all__ = [
@@ -65,6 +66,9 @@ DEFAULT_RULER_TASKS = (
 )
 
 
+# what --ruler-scalings (and a JSON config) may name: the plain token, then every kind
+_RULER_SCALING_NAMES = tuple(scaling_key(kind) for kind in (None, *SCALING_KINDS))
+
 # held-out text given with --data is tokenized up to this many tokens (far more than the
 # evaluations read), so `--data stdlib` or a large folder does not tokenize everything
 HELD_OUT_MAX_TOKENS = 1 << 22
@@ -86,7 +90,8 @@ class EvalConfig:
     ruler_multiples: list[float] = field(default_factory=lambda: [4, 8])  # paper: 4k, 8k at 1k
     ruler_lengths: list[int] | None = None
     ruler_samples: int = 100  # samples per task and length (GPU scale; the CPU demo uses fewer)
-    ruler_scalings: list[str] = field(default_factory=lambda: ["none", "yarn"])
+    # None = plain; "none" (the CLI's and JSON's token) is read as None
+    ruler_scalings: list[str | None] = field(default_factory=lambda: [None, "yarn"])
     qa_paths: dict[str, str] = field(default_factory=dict)  # {"qa_squad": path, "qa_hotpot": path}
     icl: bool = True  # offline synthetic few-shot suite
     icl_tasks: list[str] = field(default_factory=lambda: list(ICL_TASKS))
@@ -114,10 +119,11 @@ class EvalConfig:
         bad = sorted(set(self.scalings) - set(SCALING_KINDS))
         if bad:
             raise ValueError(f"unknown scaling(s) {bad}; choose from {', '.join(SCALING_KINDS)}")
-        bad = sorted(set(self.ruler_scalings) - {"none", *SCALING_KINDS})
+        self.ruler_scalings = [k if k is None else scaling_kind(k) for k in self.ruler_scalings]
+        bad = [k for k in self.ruler_scalings if k is not None and k not in SCALING_KINDS]
         if bad:
             raise ValueError(
-                f"unknown RULER scaling(s) {bad}; choose from none, {', '.join(SCALING_KINDS)}"
+                f"unknown RULER scaling(s) {bad}; choose from {', '.join(_RULER_SCALING_NAMES)}"
             )
 
     def lengths(
@@ -184,25 +190,32 @@ def _ppl_record(
         min_windows=cfg.ppl_min_windows,
         batch_size=cfg.batch_size,
         progress=progress,
-    )["results"]  # {"none" | scaling: {length: cell}}
-    plain = cells["none"]
+    )["results"]  # {None (plain) | scaling: {length: cell}}
+    plain = cells[None]
     record: dict[str, Any] = {
         "ppl": {str(n): _finite(r["ppl"]) for n, r in plain.items()},
         "ppl_scaled": {
             kind: {str(n): _finite(r["ppl"]) for n, r in cells[kind].items() if n > train_len}
             for kind in cfg.scalings
         },
-        "ppl_ci": {k: {str(n): r["ppl_ci"] for n, r in c.items()} for k, c in cells.items()},
+        "ppl_ci": {
+            scaling_key(k): {str(n): r["ppl_ci"] for n, r in c.items()} for k, c in cells.items()
+        },
         "ppl_windows": {str(n): r["n_windows"] for n, r in plain.items()},
         "position_loss": {
-            kind: {
+            scaling_key(kind): {
                 str(n): {"buckets": r["position_buckets"], "loss": r["position_loss"]}
                 for n, r in by_length.items()
             }
             for kind, by_length in cells.items()
         },
     }
-    errors = {f"{k}@{n}": r["error"] for k, c in cells.items() for n, r in c.items() if r["error"]}
+    errors = {
+        f"{scaling_key(k)}@{n}": r["error"]
+        for k, c in cells.items()
+        for n, r in c.items()
+        if r["error"]
+    }
     if errors:
         record["ppl_errors"] = errors
     notes = {f"{n}": r["note"] for n, r in plain.items() if r["note"]}
@@ -226,11 +239,11 @@ def _ruler_record(
             cfg.ruler_samples,
             cfg.seed,
             tokens,
-            scaling=None if kind == "none" else kind,
+            scaling=kind,
             qa_paths=cfg.qa_paths or None,
             progress=progress,
         )
-        ruler[kind] = {
+        ruler[scaling_key(kind)] = {
             task: {str(n): _ruler_cell(r) for n, r in cells.items()}
             for task, cells in out["results"].items()
         }
@@ -310,6 +323,7 @@ def _held_out_tokens(
         tokenize_source,
         verify_data_identity,
     )
+    from rove.data.prepare import MANIFEST_NAME
 
     if data is not None and data_dir is not None:
         raise ValueError("give --data (raw held-out text) or --data-dir (prepared), not both")
@@ -331,7 +345,7 @@ def _held_out_tokens(
                 max_tokens=train_cfg.get("data_max_tokens"),
             )
         )
-        if not (folder / "manifest.json").is_file():
+        if not (folder / MANIFEST_NAME).is_file():
             raise FileNotFoundError(
                 f"{folder}: the checkpoint's data folder was not found (relative to "
                 f"{Path.cwd()}); pass it with --data-dir, or held-out text with --data"
@@ -426,8 +440,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--ruler-multiples", type=float, nargs="+", help="x train len")
     g.add_argument("--ruler-samples", type=int, help="samples per task and length")
     g.add_argument(
-        "--ruler-scalings", nargs="+", choices=("none", *SCALING_KINDS), metavar="KIND",
-        help="inference-time scalings RULER runs under (none = plain)",
+        "--ruler-scalings", nargs="+", choices=_RULER_SCALING_NAMES, metavar="KIND",
+        help=f"inference-time scalings RULER runs under: {', '.join(_RULER_SCALING_NAMES)} "
+        f"({scaling_key(None)} = plain)",
     )  # fmt: skip
     g.add_argument("--squad", help="local SQuAD v2 json (enables qa_squad)")
     g.add_argument("--hotpotqa", help="local HotpotQA json (enables qa_hotpot)")
