@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rove.train.schedule import cosine_schedule, lr_multiplier, wsd_schedule
+from rove.train import config
+from rove.train.schedule import LR_SCHEDULES, cosine_schedule, lr_multiplier, wsd_schedule
 
 
 def test_cosine_known_values():
@@ -48,8 +49,12 @@ def test_wsd_known_values():
 def test_no_warmup_and_dispatch():
     assert cosine_schedule(0, 10, 0) == 1.0
     assert lr_multiplier(3, schedule="wsd", max_steps=10, warmup_steps=0, min_ratio=0.1) == 1.0
-    with pytest.raises(ValueError, match="schedule"):
+    with pytest.raises(ValueError, match=r"schedule 'linear'; choose one of \('cosine', 'wsd'\)"):
         lr_multiplier(0, schedule="linear", max_steps=10, warmup_steps=0, min_ratio=0.1)
+    # one list of LR schedules: the config's choices are the ones lr_multiplier dispatches on
+    assert config.LR_SCHEDULES is LR_SCHEDULES
+    for name in LR_SCHEDULES:
+        assert lr_multiplier(0, schedule=name, max_steps=9, warmup_steps=0, min_ratio=0.1) == 1.0
     with pytest.raises(ValueError, match="step"):
         cosine_schedule(-1, 10, 2)
     with pytest.raises(ValueError, match="decay shape"):

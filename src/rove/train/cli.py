@@ -21,10 +21,18 @@ import os
 import sys
 
 from rove import run_files
-from rove.model import POSITIONS, PRESETS
-from rove.terminal import command, config_defaults, key_value
+from rove.model import POSITIONS, PRESETS, GPTConfig
+from rove.rotary import CONVENTIONS
+from rove.terminal import DefaultsFormatter, command, config_defaults, key_value
 from rove.terminal import config_from_args as fields_from_args
-from rove.train.config import DECAY_SHAPES, DTYPES, LOGGERS, SCHEDULES, TOKENIZERS, TrainConfig
+from rove.train.config import (
+    DECAY_SHAPES,
+    DTYPES,
+    LOGGERS,
+    LR_SCHEDULES,
+    TOKENIZERS,
+    TrainConfig,
+)
 from rove.train.distributed import PARALLEL
 from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train
 
@@ -33,22 +41,14 @@ __all__ = ["build_parser", "config_from_args", "main"]
 RECIPE = "default: from the preset's recipe"
 # GPTConfig fields with their own flag, mapped into TrainConfig.model_overrides.
 _MODEL_FLAGS = ("n_kv_head", "shared_kv", "rotary_dim", "rope_base", "rope_convention", "dropout")
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows real defaults; sentinels (None, off switches, empty lists) are explained in help."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False, []):
-            return action.help
-        return super()._get_help_string(action)
+_MODEL_DEFAULTS = config_defaults(GPTConfig)  # shown in help; the flags default to None (unset)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rove train",
         description="Train a GPT-2 style model with a given position encoding (RoPE, RoVE, ...).",
-        formatter_class=_Formatter,
+        formatter_class=DefaultsFormatter,
     )
     g = p.add_argument_group("model")
     g.add_argument("--preset", choices=sorted(PRESETS), help="model size and recipe")
@@ -58,9 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--shared-kv", action="store_true", default=None, help="one projection for K and V (K = V)"
     )
     g.add_argument("--rotary-dim", type=int, help="rotated channels per head; default: all")
-    g.add_argument("--rope-base", type=float, help="rotary base theta; default: 10000")
-    g.add_argument("--rope-convention", choices=("half", "interleaved"), help="rotary pairs")
-    g.add_argument("--dropout", type=float, help="dropout rate; default: 0")
+    g.add_argument(
+        "--rope-base",
+        type=float,
+        help=f"rotary base theta; default: {_MODEL_DEFAULTS['rope_base']:g}",
+    )
+    g.add_argument("--rope-convention", choices=CONVENTIONS, help="rotary pairs")
+    g.add_argument(
+        "--dropout", type=float, help=f"dropout rate; default: {_MODEL_DEFAULTS['dropout']:g}"
+    )
     g.add_argument(
         "--model",
         type=key_value,
@@ -84,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float, help=f"peak learning rate; {RECIPE}")
     g.add_argument("--min-lr-ratio", type=float, help="final LR / peak LR")
     g.add_argument("--warmup-steps", type=int, help=f"linear warm-up steps; {RECIPE}")
-    g.add_argument("--schedule", choices=SCHEDULES, help="LR schedule")
+    g.add_argument("--schedule", choices=LR_SCHEDULES, help="LR schedule")
     g.add_argument("--decay-fraction", type=float, help="wsd: fraction decaying")
     g.add_argument("--decay-shape", choices=DECAY_SHAPES, help="wsd decay")
     g.add_argument("--beta1", type=float, help="AdamW beta1")

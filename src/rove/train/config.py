@@ -26,18 +26,20 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from rove.data.tokenizers import TOKENIZERS
 from rove.model import POSITIONS, PRESETS, GPTConfig, get_preset
 from rove.precision import DTYPES
 from rove.terminal import dataclass_from_dict
 from rove.train.distributed import PARALLEL
+from rove.train.schedule import LR_SCHEDULES
 
 __all__ = [
     "DECAY_SHAPES",
     "DTYPES",
     "LOGGERS",
+    "LR_SCHEDULES",
     "RECIPES",
     "RESUMABLE_CHANGES",
-    "SCHEDULES",
     "TOKENIZERS",
     "TrainConfig",
     "build_model_config",
@@ -46,9 +48,7 @@ __all__ = [
     "run_fingerprint",
 ]
 
-SCHEDULES = ("cosine", "wsd")
 DECAY_SHAPES = ("linear", "cosine")
-TOKENIZERS = ("gpt2", "byte")
 LOGGERS = ("tensorboard", "wandb")
 VOCAB_MULTIPLE = 64
 # Set by the run itself, never by an override: vocab_size from the tokenizer, block_size from
@@ -217,7 +217,7 @@ class TrainConfig:
         """Fields that name one of a fixed set of options, and the corpus."""
         _choice("preset", self.preset, tuple(PRESETS))
         _choice("pos", self.pos, POSITIONS)
-        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("schedule", self.schedule, LR_SCHEDULES)
         _choice("decay_shape", self.decay_shape, DECAY_SHAPES)
         _choice("dtype", self.dtype, DTYPES)
         _choice("parallel", self.parallel, PARALLEL)

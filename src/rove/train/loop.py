@@ -70,6 +70,7 @@ from rove.data import (
     prepare_dataset,
     verify_data_identity,
 )
+from rove.data.prepare import MANIFEST_NAME
 from rove.lock import FolderLock, FolderLockedError, acquire
 from rove.model import GPT, GPTConfig
 from rove.precision import autocast_dtype, describe_precision
@@ -299,7 +300,7 @@ def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> t
         if cfg.data_dir is not None
         else default_data_dir(cfg.data, cfg.tokenizer, max_tokens=cfg.data_max_tokens)
     )
-    prepared = (data_dir / "manifest.json").is_file()
+    prepared = (data_dir / MANIFEST_NAME).is_file()
     if info.distributed and not prepared:
         max_tokens = f" --max-tokens {cfg.data_max_tokens}" if cfg.data_max_tokens else ""
         raise FileNotFoundError(

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["cosine_schedule", "lr_multiplier", "wsd_schedule"]
+__all__ = ["LR_SCHEDULES", "cosine_schedule", "lr_multiplier", "wsd_schedule"]
+
+LR_SCHEDULES = ("cosine", "wsd")  # what ``lr_multiplier`` (and ``TrainConfig.schedule``) takes
 
 
 def _warmup(step: int, warmup_steps: int) -> float | None:
@@ -79,9 +81,9 @@ def lr_multiplier(
     decay_fraction: float = 0.2,
     decay_shape: str = "linear",
 ) -> float:
-    """The multiplier of the peak LR at ``step`` for ``schedule`` ("cosine" or "wsd")."""
+    """The multiplier of the peak LR at ``step`` for ``schedule`` (one of ``LR_SCHEDULES``)."""
     if schedule == "cosine":
         return cosine_schedule(step, max_steps, warmup_steps, min_ratio)
     if schedule == "wsd":
         return wsd_schedule(step, max_steps, warmup_steps, min_ratio, decay_fraction, decay_shape)
-    raise ValueError(f"unknown schedule {schedule!r}; choose 'cosine' or 'wsd'")
+    raise ValueError(f"unknown schedule {schedule!r}; choose one of {LR_SCHEDULES}")
