@@ -1,6 +1,6 @@
 """User errors on the command line: one ``rove <cmd>: error: ...`` line naming the problem, exit
 status 2, no traceback, nothing written; ``--debug`` shows the traceback instead. Every setting of
-``rove compare`` is checked before the first model trains."""
+``rove compare`` and ``rove vision`` is checked before the first model trains."""
 
 from __future__ import annotations
 
@@ -47,11 +47,10 @@ def test_debug_shows_the_traceback_instead(tmp_path):
     ("args", "needles"),
     [
         (["--train", "presett=nano"], ["unknown TrainConfig field(s) ['presett']"]),
-        (["--positions", "rope", "alibi"], ["pos", "alibi"]),
         (["--train", "preset=nano", "--train", "lr=-1"], ["lr"]),
         (["--eval", "ruler_smaples=3"], ["unknown EvalConfig field(s) ['ruler_smaples']"]),
         (["--eval", 'scalings=["foo"]'], ["unknown scaling(s) ['foo']"]),
-        (["--baseline", "nope"], ["baseline 'nope' is not one of the positions"]),
+        (["--baseline", "nope"], ["baseline 'nope' is not one of the compared encodings"]),
         (["--seeds", "0", "0"], ["seeds must be a non-empty list without repeats"]),
     ],
 )
@@ -60,6 +59,23 @@ def test_compare_checks_every_setting_before_any_work(tmp_path, capsys, args, ne
     assert rove(["compare", "--out", str(out), "--quiet", *args]) == 2
     _one_error_line(capsys, "rove compare", *needles)
     assert not out.exists()  # refused before the lock, a run folder or a dataset
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--pos", "rope", "alibi"], ["argument --pos: invalid choice: 'alibi'", "rove"]),
+        (["--baseline", "alibi"], ["argument --baseline: invalid choice: 'alibi'"]),
+        (["--seeds", "one"], ["argument --seeds: invalid int value: 'one'"]),
+    ],
+)
+def test_compare_flags_with_bad_values(tmp_path, capsys, args, needles):
+    out = tmp_path / "cmp"
+    with pytest.raises(SystemExit) as exit_:  # argparse's choices: the same one-line form
+        rove(["compare", "--out", str(out), "--quiet", *args])
+    assert exit_.value.code == 2
+    _one_error_line(capsys, "rove compare", *needles)
+    assert not out.exists()
 
 
 def test_compare_report_only_without_results(tmp_path, capsys):
@@ -106,15 +122,63 @@ def test_data_prepare_of_a_missing_source(tmp_path, capsys):
     _one_error_line(capsys, "rove data prepare", "nothing")
 
 
-def test_vision_with_an_unknown_position(capsys):
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--pos", "rope", "alibi"], "argument --pos: invalid choice: 'alibi'"),
+        (["--pos", "rope-axial"], "argument --pos: invalid choice: 'rope-axial'"),
+        (["--layouts", "diagonal"], "argument --layouts: invalid choice: 'diagonal'"),
+    ],
+)
+def test_vision_with_an_unknown_position_or_layout(capsys, args, needle):
     with pytest.raises(SystemExit) as exit_:  # argparse's choices: the same one-line form
-        rove(["vision", "--positions", "rope-axial", "alibi"])
+        rove(["vision", *args])
     assert exit_.value.code == 2
-    _one_error_line(capsys, "rove vision", "invalid choice: 'alibi'")
+    _one_error_line(capsys, "rove vision", needle)
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--test-sizes", "16", "18"], ["test sizes [18]", "patch_size 4"]),
+        (["--seeds", "0", "0"], ["seeds must be a non-empty list without repeats"]),
+        (["--epochs", "0"], ["epochs must be >= 1, got 0"]),  # before: 0 meant the default 20
+        (["--lr", "-1"], ["lr must be > 0"]),
+        (["--image-size", "18"], ["image_size 18 is not a multiple of patch_size 4"]),
+        (["--image-size", "0"], ["image_size must be >= 1, got 0"]),  # before: 0 meant 16
+        (["--patch-size", "0"], ["patch_size must be >= 1, got 0"]),  # before: a traceback
+    ],
+)
+def test_vision_checks_every_setting_before_training(tmp_path, capsys, monkeypatch, args, needles):
+    import rove.vision.training as training
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a model trained before every setting was checked")
+
+    monkeypatch.setattr(training, "train_vit", no_training)
+    out = tmp_path / "vision"
+    assert rove(["vision", "--out", str(out), *args]) == 2
+    _one_error_line(capsys, "rove vision", *needles)
+    assert not out.exists()
 
 
 def test_a_compare_config_file_with_a_typo(tmp_path, capsys):
     config = tmp_path / "c.json"
-    config.write_text(json.dumps({"positons": ["rope"]}))
+    config.write_text(json.dumps({"poss": ["rope"]}))
     assert rove(["compare", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
-    _one_error_line(capsys, "rove compare", "unknown CompareConfig field(s) ['positons']")
+    _one_error_line(capsys, "rove compare", "unknown CompareConfig field(s) ['poss']")
+    config.write_text(json.dumps({"pos": ["rope", "alibi"]}))  # a file is checked like the flags
+    assert rove(["compare", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    _one_error_line(capsys, "rove compare", "pos", "alibi")
+    config.write_text(json.dumps(["rope"]))
+    assert rove(["compare", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    _one_error_line(capsys, "rove compare", "expected a JSON object of CompareConfig fields")
+    assert not (tmp_path / "o").exists()
+
+
+def test_data_prepare_with_an_unknown_tokenizer(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:  # the names rove train takes, or hf:PATH
+        rove(["data", "prepare", "--tokenizer", "gtp2", "--out", str(tmp_path / "d")])
+    assert exit_.value.code == 2
+    _one_error_line(capsys, "rove data prepare", "unknown tokenizer 'gtp2'", "byte, gpt2", "hf:")
+    assert not (tmp_path / "d").exists()

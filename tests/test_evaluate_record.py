@@ -9,8 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from rove.eval.records import ruler_cells, ruler_groups, scaling_key, scaling_kind
 from rove.eval.suite import EvalConfig, evaluate_model
+from rove.eval.suite import _parser as eval_parser
 from rove.eval.summary import eval_summary_lines
+from rove.rotary import SCALING_KINDS
+from rove.terminal import config_from_args
 from test_eval_mocks import ByteTokenizer, TableLM
 from test_eval_ruler import CORPUS
 
@@ -23,13 +27,13 @@ def test_record_intervals_reasons_and_console_summary() -> None:
     cfg = EvalConfig(
         ppl_lengths=[32, 64], ppl_tokens=0, ppl_min_windows=8, scalings=["yarn"],
         ruler_tasks=["niah_single_1"], ruler_lengths=[320], ruler_samples=2,
-        ruler_scalings=["none"], icl_tasks=["kv_recall", "kv_recall_mc"], icl_items=4,
+        ruler_scalings=[None], icl_tasks=["kv_recall", "kv_recall_mc"], icl_items=4,
         icl_max_tokens=32,
     )  # fmt: skip
     rec = evaluate_model(model, TOK, tokens, cfg, progress=False)
     assert rec["ppl_windows"] == {"32": 8, "64": 8}
     assert rec["ppl"]["32"] == pytest.approx(257.0, rel=1e-5)
-    lo, hi = rec["ppl_ci"]["none"]["64"]
+    lo, hi = rec["ppl_ci"]["none"]["64"]  # JSON keys cannot be null: plain is "none" there
     assert lo == pytest.approx(257.0, rel=1e-5) and hi == pytest.approx(257.0, rel=1e-5)
     assert set(rec["position_loss"]["none"]) == {"32", "64"}  # kept for every length
     assert rec["ruler"]["none"]["niah_single_1"]["320"]["n_samples"] == 2
@@ -56,3 +60,41 @@ def test_qa_file_enables_its_task_and_bad_keys_are_rejected() -> None:
     with pytest.raises(ValueError, match="unknown qa_paths key"):
         EvalConfig(qa_paths={"squad": "x.json"})
     assert EvalConfig().ruler_samples == 100  # GPU-scale default
+
+
+def test_no_scaling_is_none_in_python_and_none_in_records_and_flags() -> None:
+    assert EvalConfig().ruler_scalings == [None, "yarn"]
+    assert (scaling_key(None), scaling_kind("none")) == ("none", None)
+    assert all(scaling_kind(scaling_key(kind)) == kind for kind in (None, *SCALING_KINDS))
+    args = eval_parser().parse_args(["RUN", "--ruler-scalings", "none", "yarn"])
+    assert config_from_args(EvalConfig, args).ruler_scalings == [None, "yarn"]
+    # a JSON config (rove compare --eval, an older compare_config.json) writes the record's token
+    assert EvalConfig(ruler_scalings=["none", "ntk"]).ruler_scalings == [None, "ntk"]
+    with pytest.raises(ValueError, match="choose from none, linear, ntk, dynamic-ntk, yarn"):
+        EvalConfig(ruler_scalings=["bogus"])
+    with pytest.raises(SystemExit):
+        eval_parser().parse_args(["RUN", "--ruler-scalings", "None"])
+
+
+# a record as rove eval wrote it before plain was None in Python: the format has not changed
+OLD_RECORD = {
+    "ppl": {"256": 7.1, "512": 9.0},
+    "ppl_scaled": {"yarn": {"512": 8.0}},
+    "ppl_ci": {"none": {"256": [6.9, 7.3]}, "yarn": {"512": [7.5, 8.5]}},
+    "ppl_windows": {"256": 32, "512": 16},
+    "position_loss": {"none": {"256": {"buckets": [[0, 256]], "loss": [2.0]}}},
+    "ruler": {
+        "none": {"vt": {"512": {"nll": 2.0, "accuracy": 0.5, "n_samples": 2, "error": None}}},
+        "yarn": {"vt": {"512": {"nll": 1.5, "accuracy": 0.5, "n_samples": 2, "error": None}}},
+    },
+}
+
+
+def test_a_record_written_before_still_reads() -> None:
+    assert set(ruler_cells(OLD_RECORD)) == {"vt", "vt +yarn"}
+    assert ruler_groups(OLD_RECORD)["none"][512]["VT"] == 2.0
+    text = "\n".join(eval_summary_lines(OLD_RECORD))
+    assert "  ppl@256: 7.10 [6.90, 7.30] (32 windows)" in text
+    assert "  ppl@512: 9.00 (16 windows)  +yarn: 8.00 [7.50, 8.50]" in text
+    assert "  RULER answer NLL @512: VT 2.00  average 2.00" in text
+    assert "  RULER answer NLL +yarn @512: VT 1.50  average 1.50" in text

@@ -323,7 +323,7 @@ def small_compare(data_dir: Path, out: Path, **train_kw) -> CompareConfig:
     )  # fmt: skip
     ev = EvalConfig(ppl_tokens=512, ppl_multiples=[1], scalings=[], ruler=False, icl=False)
     return CompareConfig(
-        positions=["rope"], seeds=[0], out_dir=str(out), train={**train_cfg, **train_kw}, eval=ev
+        pos=["rope"], seeds=[0], out_dir=str(out), train={**train_cfg, **train_kw}, eval=ev
     )
 
 

@@ -1,4 +1,5 @@
-"""``rove compare`` and ``rove demo``: train position modes side by side over seeds, evaluate, report.
+"""``rove compare`` and ``rove demo``: train position encodings side by side over seeds, evaluate,
+report.
 
 Every run of a comparison shares the data, the token budget and the recipe; runs with the same
 seed also share the initialisation and the data order, so per-seed differences are *paired*.
@@ -13,6 +14,11 @@ moves such runs aside (``<run>.stale-<n>``) and trains them again. Retraining ca
 so it is never silent. An ``eval.json`` made with another EvalConfig or of another step is
 evaluated again without asking: that is cheap and reproducible from the checkpoint. The whole
 output folder is locked (``rove.lock``) while a comparison runs.
+
+The command line is derived from ``CompareConfig``: each field has a flag whose default is the
+field's; a ``--config`` file (e.g. a comparison's own ``compare_config.json``) replaces those
+defaults, and the flags given override it. Configs stored under older field names still load
+(``RENAMED_FIELDS``).
 
 ``rove demo`` is ``compare`` with the embedded CPU default: tiny RoPE and RoVE models on the
 Python standard library's source (byte tokenizer, no download), three seeds each.
@@ -39,16 +45,28 @@ from rove import run_files
 from rove.atomic import write_json_atomic
 from rove.eval.suite import EvalConfig, eval_output_lock, evaluate_checkpoint
 from rove.lock import lock_folder
+from rove.model import POSITIONS
 from rove.report import findings, write_report
-from rove.terminal import command, dataclass_from_dict, interactive, key_value
+from rove.terminal import (
+    DefaultsFormatter,
+    command,
+    config_defaults,
+    dataclass_from_dict,
+    interactive,
+    key_value,
+)
 from rove.train import TrainConfig, train
 from rove.train.config import LOCATION_FIELDS, run_fingerprint
 from rove.train.loop import TrainingInterrupted
 from rove.train.metrics import read_metrics
 
 __all__ = [
+    "RENAMED_FIELDS",
     "CompareConfig",
     "StaleRunError",
+    "build_parser",
+    "config_from_args",
+    "config_from_dict",
     "demo_config",
     "demo_main",
     "main",
@@ -62,29 +80,29 @@ class StaleRunError(ValueError):
 
 @dataclass
 class CompareConfig:
-    """A comparison: which position modes, which seeds, how to train and how to evaluate."""
+    """A comparison: which position encodings, which seeds, how to train and how to evaluate."""
 
-    positions: list[str] = field(default_factory=lambda: ["rope", "rove"])  # one model per mode
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # paired across modes
+    pos: list[str] = field(default_factory=lambda: ["rope", "rove"])  # one model each per seed
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # paired across encodings
     out_dir: str = "runs/compare"  # results.json, report.md, plots, and runs/<pos>-seed<s>/
     train: dict[str, Any] = field(default_factory=dict)  # TrainConfig fields shared by all runs
     eval: EvalConfig = field(default_factory=EvalConfig)
-    baseline: str = "rope"  # the mode others are compared against
+    baseline: str = "rope"  # the position encoding the others are compared against
     title: str = "RoPE vs RoVE comparison"
 
     def validate(self) -> None:
         """Every run's config, before any work: a typo must not surface after the first model
         has trained for hours. Raises ``ValueError`` naming the problem."""
-        for name, values in (("positions", self.positions), ("seeds", self.seeds)):
+        for name, values in (("pos", self.pos), ("seeds", self.seeds)):
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"{name} must be a non-empty list without repeats, got {values}")
-        if self.baseline not in self.positions:
+        if self.baseline not in self.pos:
             raise ValueError(
-                f"baseline {self.baseline!r} is not one of the positions {self.positions}"
+                f"baseline {self.baseline!r} is not one of the compared encodings, pos {self.pos}"
             )
         if not isinstance(self.eval, EvalConfig):
             raise ValueError(f"eval must be an EvalConfig, got {type(self.eval).__name__}")
-        for pos in self.positions:
+        for pos in self.pos:
             for seed in self.seeds:
                 self.train_config(pos, seed).resolve()
 
@@ -142,7 +160,7 @@ def _check_stale(cfg: CompareConfig, force: bool) -> None:
     """Before any work: refuse (or with ``force`` move aside) runs trained with another config."""
     stale = {}
     for seed in cfg.seeds:
-        for pos in cfg.positions:
+        for pos in cfg.pos:
             tcfg = cfg.train_config(pos, seed)
             run_dir = Path(tcfg.out_dir) / cfg.run_name(pos, seed)
             if changed := _stale_fields(run_dir, tcfg):
@@ -161,8 +179,14 @@ def _check_stale(cfg: CompareConfig, force: bool) -> None:
 
 def _eval_is_current(record: dict, cfg: CompareConfig, summary: dict) -> bool:
     """``eval.json`` was made with this EvalConfig, of the run's final checkpoint."""
-    wanted = json.loads(json.dumps(dataclasses.asdict(cfg.eval)))
-    return record.get("eval_config") == wanted and record.get("step") == summary.get("steps")
+    stored = record.get("eval_config")
+    if not isinstance(stored, dict) or record.get("step") != summary.get("steps"):
+        return False
+    try:  # read back through EvalConfig, so an older spelling of the same setting still matches
+        made_with = dataclass_from_dict(EvalConfig, stored)
+    except (TypeError, ValueError):
+        return False
+    return made_with == cfg.eval
 
 
 def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
@@ -219,7 +243,7 @@ def run_compare(cfg: CompareConfig, *, progress: bool = True, force: bool = Fals
 def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) -> Path:
     _check_stale(cfg, force)
     write_json_atomic(out / run_files.COMPARE_CONFIG, dataclasses.asdict(cfg))
-    jobs = [(pos, seed) for seed in cfg.seeds for pos in cfg.positions]
+    jobs = [(pos, seed) for seed in cfg.seeds for pos in cfg.pos]
     runs: list[dict] = []
     start = time.perf_counter()
     bar = tqdm(jobs, desc="compare", disable=not (progress and interactive()), position=0)
@@ -286,6 +310,11 @@ DEMO_RULER_TASKS = [
 ]
 
 
+# where the demo writes, unless --out says otherwise
+DEMO_OUT = "runs/demo"
+QUICK_DEMO_OUT = "runs/demo-quick"
+
+
 def demo_config(quick: bool = False, out_dir: str | None = None) -> CompareConfig:
     """The embedded CPU default: tiny byte-level models on the stdlib corpus, 3 seeds.
 
@@ -303,7 +332,7 @@ def demo_config(quick: bool = False, out_dir: str | None = None) -> CompareConfi
             icl_max_tokens=128,
         )
         return CompareConfig(
-            seeds=[0, 1], out_dir=out_dir or "runs/demo-quick", train=dict(QUICK_TRAIN), eval=ev,
+            seeds=[0, 1], out_dir=out_dir or QUICK_DEMO_OUT, train=dict(QUICK_TRAIN), eval=ev,
             title="RoPE vs RoVE: quick smoke demo",
         )  # fmt: skip
     ev = EvalConfig(
@@ -314,7 +343,7 @@ def demo_config(quick: bool = False, out_dir: str | None = None) -> CompareConfi
         icl_items=40,
     )
     return CompareConfig(
-        out_dir=out_dir or "runs/demo", train=dict(DEMO_TRAIN), eval=ev,
+        out_dir=out_dir or DEMO_OUT, train=dict(DEMO_TRAIN), eval=ev,
         title="RoPE vs RoVE on the embedded CPU corpus (rove demo)",
     )  # fmt: skip
 
@@ -332,12 +361,12 @@ def demo_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="rove demo",
         description="Train tiny RoPE and RoVE models on the embedded corpus (no download), "
-        "evaluate them and write runs/demo/report.md. About 15 minutes on 2 CPU cores.",
+        f"evaluate them and write {DEMO_OUT}/report.md. About 15 minutes on 2 CPU cores.",
     )
     p.add_argument(
         "--quick", action="store_true", help="smoke version: nano models, under a minute"
     )
-    p.add_argument("--out", help="output folder (default runs/demo, or runs/demo-quick)")
+    p.add_argument("--out", help=f"output folder; default: {DEMO_OUT}, or {QUICK_DEMO_OUT}")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--force", action="store_true", help="retrain runs made with another config")
     args = p.parse_args(argv)
@@ -345,25 +374,65 @@ def demo_main(argv: list[str] | None = None) -> int:
     return _run_and_print("rove demo", cfg, progress=not args.quiet, force=args.force)
 
 
-def config_from_dict(data: dict) -> CompareConfig:
-    """A ``CompareConfig`` from JSON-like ``data`` (``eval`` a dict); unknown keys are refused."""
+# Older names of CompareConfig fields, still read from a config stored before the rename: a
+# comparison's compare_config.json (a --config file like any other) or a hand-written one.
+RENAMED_FIELDS = {"positions": "pos"}
+# CompareConfig fields with a flag of their own; train and eval are set one of their fields at a
+# time (--train / --eval KEY=VALUE, --core-bundle), over what a --config file gives.
+_FLAG_FIELDS = ("pos", "seeds", "baseline", "title", "out_dir")
+
+
+def _current_names(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (CompareConfig fields) with each old field name replaced by its current one."""
+    for old, new in RENAMED_FIELDS.items():
+        if old in data:
+            if new in data:
+                raise ValueError(
+                    f"CompareConfig fields {old!r} and {new!r} are both given; {old!r} is the "
+                    f"old name of {new!r}: keep only {new!r}"
+                )
+            data = {(new if key == old else key): value for key, value in data.items()}
+    return data
+
+
+def config_from_dict(data: dict[str, Any]) -> CompareConfig:
+    """A ``CompareConfig`` from JSON-like ``data`` (``eval`` a dict), also one stored under old
+    field names (``RENAMED_FIELDS``); unknown keys are refused."""
+    data = _current_names(data)
     if "eval" in data:
         data = {**data, "eval": dataclass_from_dict(EvalConfig, data["eval"])}
     return dataclass_from_dict(CompareConfig, data)
 
 
-@command("rove compare")
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``rove compare``'s flags: one per ``CompareConfig`` field, its default the field's."""
     p = argparse.ArgumentParser(
         prog="rove compare",
-        description="Train and evaluate several position modes over seeds; write a report. "
+        description="Train and evaluate several position encodings over seeds; write a report. "
         "Every setting is checked before the first model trains.",
+        formatter_class=DefaultsFormatter,
     )
-    p.add_argument("--config", help="JSON file with CompareConfig fields (train, eval, ...)")
-    p.add_argument("--positions", nargs="+", help="position modes, e.g. rope rove (default both)")
-    p.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2)")
-    p.add_argument("--baseline", help="the mode the others are compared against (default rope)")
-    p.add_argument("--out", help="output folder (default runs/compare)")
+    p.add_argument(
+        "--config",
+        help="JSON file of CompareConfig fields (e.g. a comparison's compare_config.json); "
+        "the flags given override it",
+    )
+    p.add_argument(
+        "--pos", nargs="+", choices=POSITIONS, metavar="POS",
+        help=f"position encodings ({', '.join(POSITIONS)}), one model each per seed",
+    )  # fmt: skip
+    p.add_argument(
+        "--seeds", type=int, nargs="+", metavar="SEED", help="seeds, paired across the encodings"
+    )
+    p.add_argument(
+        "--baseline", choices=POSITIONS, metavar="POS",
+        help="the position encoding the others are compared against",
+    )  # fmt: skip
+    p.add_argument("--title", help="title of report.md")
+    p.add_argument(
+        "--out", dest="out_dir",
+        help="output folder: results.json, report.md, plots and runs/<pos>-seed<seed>/",
+    )  # fmt: skip
     p.add_argument(
         "--train", action="append", default=[], type=key_value, metavar="KEY=VALUE",
         help="TrainConfig field shared by all runs (JSON value), e.g. --train preset=gpt2-124m",
@@ -379,18 +448,46 @@ def main(argv: list[str] | None = None) -> int:
         help="retrain runs whose stored config differs (the old ones are moved aside)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    args = p.parse_args(argv)
-    data = json.loads(Path(args.config).read_text()) if args.config else {}
-    eval_fields = {**data.get("eval", {}), **dict(args.eval)}
+    p.set_defaults(**{k: v for k, v in config_defaults(CompareConfig).items() if k in _FLAG_FIELDS})
+    return p
+
+
+def config_from_args(
+    args: argparse.Namespace, stored: dict[str, Any] | None = None
+) -> CompareConfig:
+    """The comparison that parsed arguments describe over the fields ``stored`` in a ``--config``
+    file: ``--train`` / ``--eval`` override single fields of its train / eval."""
+    stored = stored or {}
+    eval_fields = {**stored.get("eval", {}), **dict(args.eval)}
     if args.core_bundle:
         eval_fields["core_bundle"] = args.core_bundle
-    data = {**data, "train": {**data.get("train", {}), **dict(args.train)}, "eval": eval_fields}
-    for name in ("positions", "seeds", "baseline"):
-        if getattr(args, name):
-            data[name] = getattr(args, name)
-    if args.out:
-        data["out_dir"] = args.out
-    cfg = config_from_dict(data)
+    return config_from_dict(
+        {
+            **stored,
+            **{name: getattr(args, name) for name in _FLAG_FIELDS},
+            "train": {**stored.get("train", {}), **dict(args.train)},
+            "eval": eval_fields,
+        }
+    )
+
+
+def _read_config(path: str) -> dict[str, Any]:
+    """The CompareConfig fields of a ``--config`` file, under their current names."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of CompareConfig fields")
+    return _current_names(data)
+
+
+@command("rove compare")
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    stored = _read_config(args.config) if args.config else {}
+    if stored:  # the file's fields become the defaults: the file < the command line
+        parser.set_defaults(**{k: v for k, v in stored.items() if k in _FLAG_FIELDS})
+        args = parser.parse_args(argv)
+    cfg = config_from_args(args, stored)
     if args.report_only:
         results_file = Path(cfg.out_dir) / run_files.RESULTS
         if not results_file.is_file():

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TextIO
 import torch
 
 from rove.precision import resolve_device
-from rove.terminal import USER_ERRORS, command
+from rove.terminal import USER_ERRORS, DefaultsFormatter, command, signature_defaults
 
 if TYPE_CHECKING:
     from rove.model import GPT
@@ -225,23 +225,24 @@ def main(argv: list[str] | None = None) -> int:
         prog="rove generate",
         description="Sample text from a run folder, checkpoint or exported HF folder; the "
         "continuation is streamed to stdout.",
+        formatter_class=DefaultsFormatter,
     )
     parser.add_argument("path", help="run folder, checkpoint folder, or `rove export` folder")
     parser.add_argument("--prompt", required=True, help="text to continue")
-    parser.add_argument("--max-tokens", type=int, default=200, help="new tokens at most")
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
-    parser.add_argument("--top-k", type=int, default=None, help="sample from the k most likely")
-    parser.add_argument(
-        "--top-p", type=float, default=None, help="sample from the top-p probability nucleus"
-    )
+    parser.add_argument("--max-tokens", type=int, help="new tokens at most")
+    parser.add_argument("--temperature", type=float, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, help="sample from the k most likely")
+    parser.add_argument("--top-p", type=float, help="sample from the top-p probability nucleus")
     parser.add_argument(
         "--yarn-factor",
         type=float,
         default=None,
         help="YaRN context extension factor over the training length (run folders)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    parser.add_argument("--seed", type=int, help="random seed for sampling")
     parser.add_argument("--device", default="auto", help="auto (the GPU if any), cpu or cuda")
+    sampling = ("max_tokens", "temperature", "top_k", "top_p", "seed")
+    parser.set_defaults(**signature_defaults(generate_text, *sampling))
     args = parser.parse_args(argv)
     try:
         generate_text(

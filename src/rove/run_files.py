@@ -6,7 +6,7 @@ A run folder (``rove train``)::
 
 A comparison folder (``rove compare`` / ``rove demo``)::
 
-    compare_config.json  results.json  report.md  *.png  runs/<mode>-seed<seed>/
+    compare_config.json  results.json  report.md  *.png  runs/<pos>-seed<seed>/
 """
 
 from __future__ import annotations

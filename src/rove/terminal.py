@@ -5,8 +5,11 @@
   is one ``rove <cmd>: error: ...`` line and exit status 2, never a traceback; ``--debug`` (or
   ``ROVE_DEBUG=1``) shows the traceback instead. Anything else is a bug and keeps its traceback.
 - :func:`key_value`: the ``KEY=VALUE`` flags (values parsed as JSON, else kept as strings).
+- :func:`argument_type`: a library's check of a value as an argparse ``type``.
 - :func:`config_defaults` / :func:`config_from_args`: a command line over a config dataclass
-  takes its defaults from the dataclass, so each default is written once.
+  takes its defaults from the dataclass, so each default is written once;
+  :func:`signature_defaults` does the same for a command line over a function.
+- :class:`DefaultsFormatter`: ``--help`` shows those defaults (never restated in help strings).
 - :func:`dataclass_from_dict`: a config from a JSON file or dict, an unknown key refused by name.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import inspect
 import json
 import os
 import sys
@@ -25,15 +29,19 @@ from rove.lock import FolderLockedError
 
 __all__ = [
     "USER_ERRORS",
+    "DefaultsFormatter",
+    "argument_type",
     "command",
     "config_defaults",
     "config_from_args",
     "dataclass_from_dict",
     "interactive",
     "key_value",
+    "signature_defaults",
 ]
 
 Config = TypeVar("Config")
+Value = TypeVar("Value")
 
 # What a person can fix: wrong values and configs (ValueError, including corrupt checkpoints and
 # stale runs), files and folders (OSError: missing, a file where a folder belongs, disk full,
@@ -86,6 +94,20 @@ def key_value(text: str) -> tuple[str, object]:
         return key.replace("-", "_"), value
 
 
+def argument_type(check: Callable[[str], Value]) -> Callable[[str], Value]:
+    """``check`` (a function that returns the value or raises a ``ValueError`` naming the problem)
+    as an argparse ``type``: its message becomes the error line, where argparse would only say
+    ``invalid <function name> value``."""
+
+    def parse(text: str) -> Value:
+        try:
+            return check(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return parse
+
+
 def config_defaults(cls: type) -> dict[str, Any]:
     """Each field's default of dataclass ``cls`` (factories called), for ``parser.set_defaults``:
     the flags then show and use the dataclass's defaults, never a second copy of them."""
@@ -96,6 +118,30 @@ def config_defaults(cls: type) -> dict[str, Any]:
         elif f.default_factory is not dataclasses.MISSING:
             out[f.name] = f.default_factory()
     return out
+
+
+def signature_defaults(func: Callable[..., object], *names: str) -> dict[str, Any]:
+    """The defaults of parameters ``names`` of ``func``, for ``parser.set_defaults``: a command
+    line over a function then shows and uses the function's defaults, never a second copy.
+    A name without a default (a renamed parameter: a bug, not a user error) is a ``TypeError``."""
+    params = inspect.signature(func).parameters
+    missing = [n for n in names if n not in params or params[n].default is inspect.Parameter.empty]
+    if missing:
+        raise TypeError(f"{func.__qualname__} has no default for {missing}")
+    return {name: params[name].default for name in names}
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """``--help`` with each flag's default, as typed on a command line (lists space-separated).
+    Sentinels (None, an off switch, an empty list) are left out: their help says what they mean."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        default = action.default
+        sentinel = default is None or default is False or default is argparse.SUPPRESS
+        if action.help is None or sentinel or (isinstance(default, list) and not default):
+            return action.help
+        shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else default
+        return f"{action.help} (default: {str(shown).replace('%', '%%')})"
 
 
 def config_from_args(cls: type[Config], args: argparse.Namespace, **given: Any) -> Config:

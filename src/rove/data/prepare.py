@@ -70,8 +70,20 @@ from rove.data.corpora import (
     stdlib_dir,
 )
 from rove.data.shards import read_header, token_dtype, write_shard
-from rove.data.tokenizers import Tokenizer, get_tokenizer
-from rove.terminal import command, interactive
+from rove.data.tokenizers import (
+    HF_PREFIX,
+    TOKENIZERS,
+    Tokenizer,
+    check_tokenizer_name,
+    get_tokenizer,
+)
+from rove.terminal import (
+    DefaultsFormatter,
+    argument_type,
+    command,
+    interactive,
+    signature_defaults,
+)
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "rove-token-shards"
@@ -650,60 +662,62 @@ def format_summary(manifest: dict, data_dir: str | Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``rove data prepare``'s flags; their defaults are ``prepare_dataset``'s."""
     parser = argparse.ArgumentParser(
         prog="rove data prepare",
         description="Tokenize a corpus into llm.c-format train/val token shards + manifest.json.",
+        formatter_class=DefaultsFormatter,
     )
     parser.add_argument(
         "--source",
         default="stdlib",
         help="'stdlib' (this Python's standard library, offline), 'fineweb-edu' (needs "
-        "rove[fineweb] and network), or a path to a text/.jsonl file or a folder (default: stdlib)",
+        "rove[fineweb] and network), or a path to a text/.jsonl file or a folder",
     )
     parser.add_argument(
         "--tokenizer",
-        default="gpt2",
-        help="gpt2, byte, or hf:PATH (a local Hugging Face tokenizer.json or its folder; "
-        "uint32 shards above 65536 tokens) (default: gpt2)",
+        type=argument_type(check_tokenizer_name),
+        metavar="{" + ",".join((*TOKENIZERS, f"{HF_PREFIX}PATH")) + "}",
+        help=f"{', '.join(TOKENIZERS)}, or {HF_PREFIX}PATH (a local Hugging Face tokenizer.json "
+        "or its folder; uint32 shards above 65536 tokens)",
     )
     parser.add_argument(
         "--out",
-        default=None,
-        help="output folder (default: $ROVE_DATA_DIR or ~/.cache/rove/data, "
-        "then <source>-<tokenizer>-<fingerprint of the settings>)",
+        help="output folder; default: $ROVE_DATA_DIR or ~/.cache/rove/data, "
+        "then <source>-<tokenizer>-<fingerprint of the settings>",
     )
     parser.add_argument(
         "--val-fraction",
         type=float,
-        default=0.01,
         help="fraction of documents for val, in (0, 0.5]; every round(1/f)-th document, "
-        "starting with the first (default: 0.01)",
+        "starting with the first",
     )
+    parser.add_argument("--shard-tokens", type=int, help="tokens per shard file")
     parser.add_argument(
-        "--shard-tokens",
-        type=int,
-        default=100_000_000,
-        help="tokens per shard file (default: 100000000)",
+        "--max-tokens", type=int, help="stop after this many tokens in total; default: all"
     )
-    parser.add_argument(
-        "--max-tokens",
-        type=int,
-        default=None,
-        help="stop after this many tokens in total (default: whole corpus)",
-    )
-    parser.add_argument(
-        "--workers", type=int, default=None, help="tokenizer processes (default: CPU count)"
-    )
+    parser.add_argument("--workers", type=int, help="tokenizer processes; default: CPU count")
     parser.add_argument(
         "--encoding",
-        default=None,
-        help="text encoding of local files (default: utf-8; files that do not decode are "
+        help="text encoding of local files; default: utf-8 (files that do not decode are "
         "skipped with a warning)",
     )
     parser.add_argument(
         "--force", action="store_true", help="re-prepare even if a matching dataset exists"
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    parser.set_defaults(
+        **signature_defaults(
+            prepare_dataset,
+            "tokenizer",
+            "val_fraction",
+            "shard_tokens",
+            "max_tokens",
+            "workers",
+            "encoding",
+            "force",
+        )
+    )
     return parser
 
 

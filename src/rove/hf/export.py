@@ -28,7 +28,7 @@ import torch
 
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
-from rove.terminal import command
+from rove.terminal import DefaultsFormatter, command, signature_defaults
 
 __all__ = ["export_model", "export_run", "load_exported", "main"]
 
@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="rove export",
         description="Write a run's model and tokenizer as a Hugging Face model folder "
         "(stock GPT-2 / GPT-NeoX where exact, else a self-contained modeling file).",
+        formatter_class=DefaultsFormatter,
     )
     parser.add_argument("run_dir", help="run folder or checkpoint folder")
     parser.add_argument("out_dir", help="output folder")
@@ -297,9 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-positions",
         type=int,
-        default=None,
-        help="NoPE exported as GPT-2: rows of the zero position table (default: block_size)",
+        help="NoPE exported as GPT-2: rows of the zero position table; default: block_size",
     )
+    parser.set_defaults(**signature_defaults(export_run, "remote_code", "max_positions"))
     args = parser.parse_args(argv)
     if args.max_positions is not None and args.max_positions < 1:
         parser.error(f"--max-positions must be >= 1, got {args.max_positions}")
