@@ -443,3 +443,19 @@ def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step(data_dir, tmp_pat
     run_dir = run_dir_of(values)
     assert latest_checkpoint(run_dir).name == f"step_{step:06d}"
     assert load_checkpoint(run_dir).meta["world_size"] == 2
+
+
+def test_an_eval_json_of_0_1_still_counts_as_current():
+    """0.1 wrote ``ruler_scalings: ["none", "yarn"]``; the same setting is ``[None, "yarn"]`` now,
+    so a comparison must reuse that eval.json, not evaluate every model again."""
+    from rove.compare import _eval_is_current
+
+    cfg = CompareConfig()
+    stored = json.loads(json.dumps(dataclasses.asdict(cfg.eval)))
+    old = {**stored, "ruler_scalings": ["none", "yarn"]}
+    summary = {"steps": 7}
+    assert _eval_is_current({"eval_config": old, "step": 7}, cfg, summary)
+    assert not _eval_is_current({"eval_config": old, "step": 6}, cfg, summary)  # other checkpoint
+    assert not _eval_is_current({"eval_config": {**old, "ruler": False}, "step": 7}, cfg, summary)
+    assert not _eval_is_current({"eval_config": {**old, "typo": 1}, "step": 7}, cfg, summary)
+    assert not _eval_is_current({"step": 7}, cfg, summary)
