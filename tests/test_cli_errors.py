@@ -147,15 +147,23 @@ def test_vision_with_an_unknown_position_or_layout(capsys, args, needle):
         (["--image-size", "18"], ["image_size 18 is not a multiple of patch_size 4"]),
         (["--image-size", "0"], ["image_size must be >= 1, got 0"]),  # before: 0 meant 16
         (["--patch-size", "0"], ["patch_size must be >= 1, got 0"]),  # before: a traceback
+        # before: CIFAR-10 was loaded (with --download: downloaded) before this was found
+        (["--dataset", "cifar10", "--download", "--seeds", "1", "1"], ["without repeats"]),
     ],
 )
 def test_vision_checks_every_setting_before_training(tmp_path, capsys, monkeypatch, args, needles):
+    import rove.vision.cli as vision_cli
     import rove.vision.training as training
 
-    def no_training(*args, **kwargs):
-        raise AssertionError("a model trained before every setting was checked")
+    def refuse(what):
+        def run(*args, **kwargs):
+            raise AssertionError(f"{what} before every setting was checked")
 
-    monkeypatch.setattr(training, "train_vit", no_training)
+        return run
+
+    monkeypatch.setattr(training, "train_vit", refuse("a model trained"))
+    monkeypatch.setattr(vision_cli, "load_digits", refuse("the digits loaded"))
+    monkeypatch.setattr(vision_cli, "load_cifar10", refuse("CIFAR-10 loaded"))
     out = tmp_path / "vision"
     assert rove(["vision", "--out", str(out), *args]) == 2
     _one_error_line(capsys, "rove vision", *needles)

@@ -22,17 +22,18 @@ import argparse
 import os
 import platform
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import torch
 
 from rove.model import POSITIONS
 from rove.rotary.nd import LAYOUTS
 from rove.terminal import DefaultsFormatter, command, config_defaults, signature_defaults
-from rove.vision.data import load_cifar10, load_digits
+from rove.vision.data import ImageData, load_cifar10, load_digits
 from rove.vision.model import POOLS, ViTConfig
 from rove.vision.report import write_report
-from rove.vision.training import TrainSettings, run_comparison
+from rove.vision.training import TrainSettings, check_comparison, run_comparison
 
 __all__ = ["build_parser", "main"]
 
@@ -40,7 +41,23 @@ __all__ = ["build_parser", "main"]
 QUICK_EPOCHS = 3
 QUICK_SEEDS = (0,)
 SEEDS = signature_defaults(run_comparison, "seeds")["seeds"]
-IMAGE_SIZES = {"digits": 16, "cifar10": 32}  # each dataset's default training size, pixels
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """What the model needs to know of a dataset before it is loaded (so settings are checked
+    before a download), and how to load it."""
+
+    image_size: int  # default training size, pixels
+    channels: int
+    classes: int
+    load: Callable[[argparse.Namespace], ImageData]
+
+
+DATASETS = {
+    "digits": Dataset(16, 1, 10, lambda args: load_digits()),
+    "cifar10": Dataset(32, 3, 10, lambda args: load_cifar10(args.data_root, args.download)),
+}
 
 
 def _spaced(values: tuple[int, ...]) -> str:
@@ -60,13 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"{QUICK_EPOCHS} epochs, seed {_spaced(QUICK_SEEDS)} (< 30 s on CPU)",
     )
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", default="digits", choices=tuple(IMAGE_SIZES), help="dataset")
+    data.add_argument("--dataset", default="digits", choices=tuple(DATASETS), help="dataset")
     data.add_argument("--data-root", default="data/cifar10", help="CIFAR-10 folder (torchvision)")
     data.add_argument("--download", action="store_true", help="let torchvision download CIFAR-10")
     data.add_argument(
         "--image-size",
         type=int,
-        help="train size; default: " + ", ".join(f"{v} {k}" for k, v in IMAGE_SIZES.items()),
+        help="train size; default: "
+        + ", ".join(f"{d.image_size} {name}" for name, d in DATASETS.items()),
     )
     data.add_argument(
         "--test-sizes", type=int, nargs="+", help="test sizes in pixels; default: 1x, 1.5x, 2x"
@@ -125,17 +143,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    size = IMAGE_SIZES[args.dataset] if args.image_size is None else args.image_size
-    if args.dataset == "digits":
-        data, in_channels = load_digits(), 1
-    else:
-        data, in_channels = load_cifar10(args.data_root, args.download), 3
+    dataset = DATASETS[args.dataset]
+    size = dataset.image_size if args.image_size is None else args.image_size
     test_sizes = tuple(args.test_sizes or (size, size * 3 // 2, size * 2))
     base = ViTConfig(
         image_size=size,
         patch_size=args.patch_size,
-        in_channels=in_channels,
-        n_classes=int(data.train_y.max()) + 1,
+        in_channels=dataset.channels,
+        n_classes=dataset.classes,
         n_layer=args.n_layer,
         n_head=args.n_head,
         n_embd=args.n_embd,
@@ -144,13 +159,24 @@ def _run(args: argparse.Namespace) -> int:
     epochs = QUICK_EPOCHS if args.quick else TrainSettings.epochs
     train = TrainSettings(epochs=epochs if args.epochs is None else args.epochs, lr=args.lr)
     seeds = tuple(args.seeds or (QUICK_SEEDS if args.quick else SEEDS))
+    check_comparison(base, args.pos, args.layouts, seeds, test_sizes)  # before any loading
+    data = dataset.load(args)
+    shape = (data.train_x.shape[1], int(data.train_y.max()) + 1)
+    if shape != (dataset.channels, dataset.classes):
+        raise ValueError(
+            f"{args.dataset} loaded with (channels, classes) {shape}, expected "
+            f"{(dataset.channels, dataset.classes)}"
+        )
     start = time.perf_counter()
     records = run_comparison(
         data, base, train, pos=args.pos, layouts=args.layouts, seeds=seeds, test_sizes=test_sizes
     )
     settings = {
         "dataset": data.name,
-        "model": asdict(base),
+        # pos and layout vary per variant: the ones compared are listed instead
+        "model": {k: v for k, v in asdict(base).items() if k not in ("pos", "layout")},
+        "pos": list(args.pos),
+        "layouts": list(args.layouts),
         "train": asdict(train),
         "seeds": list(seeds),
         "test_sizes": list(test_sizes),

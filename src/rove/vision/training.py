@@ -80,6 +80,27 @@ def evaluate(
     return correct / len(images)
 
 
+def check_comparison(
+    base: ViTConfig,
+    pos: Sequence[str],
+    layouts: Sequence[str],
+    seeds: Sequence[int],
+    test_sizes: Sequence[int],
+) -> list[ViTConfig]:
+    """The variants a comparison trains; a ``ValueError`` naming the first bad setting. Needs no
+    data, so a command line can check everything before loading (or downloading) a dataset."""
+    configs = variants(base, pos, layouts)
+    if not configs:
+        raise ValueError("no variant to train: pos (and layouts for rope, rove) are empty")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list without repeats, got {list(seeds)}")
+    if bad := [s for s in test_sizes if s < base.patch_size or s % base.patch_size]:
+        raise ValueError(
+            f"test sizes {bad} are not positive multiples of patch_size {base.patch_size}"
+        )
+    return configs
+
+
 def run_comparison(
     data: ImageData,
     base: ViTConfig,
@@ -98,15 +119,7 @@ def run_comparison(
     "<size>/interpolate": acc}`` for each test size. Every setting is checked before the first
     model trains.
     """
-    configs = variants(base, pos, layouts)
-    if not configs:
-        raise ValueError("no variant to train: pos (and layouts for rope, rove) are empty")
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be a non-empty list without repeats, got {list(seeds)}")
-    if bad := [s for s in test_sizes if s < base.patch_size or s % base.patch_size]:
-        raise ValueError(
-            f"test sizes {bad} are not positive multiples of patch_size {base.patch_size}"
-        )
+    configs = check_comparison(base, pos, layouts, seeds, test_sizes)
     records = []
     for cfg in configs:
         for seed in seeds:
