@@ -216,7 +216,11 @@ def test_signature_defaults_and_the_formatter():
     p.add_argument("--n", type=int, default=0, help="zero is shown")
     p.add_argument("--xs", nargs="+", default=[1, 2], help="100%% sure")
     p.add_argument("--off", action="store_true", help="a switch")
+    p.add_argument("--no-x", dest="x", action="store_false", help="skip x")  # default True
+    p.add_argument("--ks", nargs="+", default=[None, 1], help="kinds (default: none 1)")
     p.add_argument("--none", help="a sentinel")
     text = " ".join(p.format_help().split())
     assert "zero is shown (default: 0)" in text and "100% sure (default: 1 2)" in text
-    assert "a switch --none" in text and text.endswith("a sentinel")
+    assert "a switch --no-x" in text and "skip x --ks" in text  # switches: no "(default: True)"
+    assert text.count("(default:") == 3  # a help that spells its default is not given a second
+    assert text.endswith("a sentinel")

@@ -362,6 +362,7 @@ def demo_main(argv: list[str] | None = None) -> int:
         prog="rove demo",
         description="Train tiny RoPE and RoVE models on the embedded corpus (no download), "
         f"evaluate them and write {DEMO_OUT}/report.md. About 15 minutes on 2 CPU cores.",
+        formatter_class=DefaultsFormatter,
     )
     p.add_argument(
         "--quick", action="store_true", help="smoke version: nano models, under a minute"

@@ -133,12 +133,14 @@ def signature_defaults(func: Callable[..., object], *names: str) -> dict[str, An
 
 class DefaultsFormatter(argparse.HelpFormatter):
     """``--help`` with each flag's default, as typed on a command line (lists space-separated).
-    Sentinels (None, an off switch, an empty list) are left out: their help says what they mean."""
+    Left as they are: sentinels (None, an empty list) and switches, whose help says what they
+    mean, and a help that spells its default itself (e.g. a list holding None, typed ``none``)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         default = action.default
-        sentinel = default is None or default is False or default is argparse.SUPPRESS
-        if action.help is None or sentinel or (isinstance(default, list) and not default):
+        sentinel = default is None or default is argparse.SUPPRESS or default == []
+        switch = action.nargs == 0  # store_true / store_false: "(default: True)" would mislead
+        if action.help is None or sentinel or switch or "(default:" in action.help:
             return action.help
         shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else default
         return f"{action.help} (default: {str(shown).replace('%', '%%')})"

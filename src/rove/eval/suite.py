@@ -42,7 +42,13 @@ from rove.eval.summary import eval_summary_lines
 from rove.lock import lock_folder
 from rove.precision import resolve_device
 from rove.rotary import SCALING_KINDS
-from rove.terminal import command, config_defaults, config_from_args, interactive
+from rove.terminal import (
+    DefaultsFormatter,
+    command,
+    config_defaults,
+    config_from_args,
+    interactive,
+)
 
 __all__ = [
     "DEFAULT_RULER_TASKS",
@@ -402,6 +408,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rove eval",
         description="Evaluate a checkpoint: perplexity vs length, RULER, few-shot ICL, CORE.",
+        formatter_class=DefaultsFormatter,
     )
     p.add_argument("checkpoint", help="checkpoint folder or run folder (its latest checkpoint)")
     p.add_argument("--out", help="JSON output file (default: CHECKPOINT/eval.json)")
@@ -442,7 +449,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--ruler-scalings", nargs="+", choices=_RULER_SCALING_NAMES, metavar="KIND",
         help=f"inference-time scalings RULER runs under: {', '.join(_RULER_SCALING_NAMES)} "
-        f"({scaling_key(None)} = plain)",
+        f"({scaling_key(None)} = plain) (default: "
+        f"{' '.join(map(scaling_key, config_defaults(EvalConfig)['ruler_scalings']))})",
     )  # fmt: skip
     g.add_argument("--squad", help="local SQuAD v2 json (enables qa_squad)")
     g.add_argument("--hotpotqa", help="local HotpotQA json (enables qa_hotpot)")
