@@ -24,14 +24,14 @@ def _one_error_line(capsys: pytest.CaptureFixture, prog: str, *needles: str) -> 
 
 def test_eval_of_a_missing_folder_names_it_and_creates_nothing(tmp_path, capsys):
     missing = tmp_path / "no-such-run"
-    assert rove(["eval", str(missing), "--quiet"]) == 2
+    assert rove(["eval", str(missing), "--no-progress"]) == 2
     _one_error_line(capsys, "rove eval", "no run or checkpoint folder", str(missing))
     assert not missing.exists()  # the output lock did not create it
 
 
 def test_eval_with_an_unknown_scaling(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:  # argparse's choices, from SCHEDULES
-        rove(["eval", str(tmp_path), "--scalings", "foo", "--quiet"])
+        rove(["eval", str(tmp_path), "--scalings", "foo", "--no-progress"])
     assert exit_.value.code == 2
     _one_error_line(capsys, "rove eval", "invalid choice: 'foo'", "yarn")
 
@@ -56,7 +56,7 @@ def test_debug_shows_the_traceback_instead(tmp_path):
 )
 def test_compare_checks_every_setting_before_any_work(tmp_path, capsys, args, needles):
     out = tmp_path / "cmp"
-    assert rove(["compare", "--out", str(out), "--quiet", *args]) == 2
+    assert rove(["compare", "--out", str(out), "--no-progress", *args]) == 2
     _one_error_line(capsys, "rove compare", *needles)
     assert not out.exists()  # refused before the lock, a run folder or a dataset
 
@@ -72,7 +72,7 @@ def test_compare_checks_every_setting_before_any_work(tmp_path, capsys, args, ne
 def test_compare_flags_with_bad_values(tmp_path, capsys, args, needles):
     out = tmp_path / "cmp"
     with pytest.raises(SystemExit) as exit_:  # argparse's choices: the same one-line form
-        rove(["compare", "--out", str(out), "--quiet", *args])
+        rove(["compare", "--out", str(out), "--no-progress", *args])
     assert exit_.value.code == 2
     _one_error_line(capsys, "rove compare", *needles)
     assert not out.exists()
@@ -86,7 +86,7 @@ def test_compare_report_only_without_results(tmp_path, capsys):
 def test_an_output_folder_that_is_a_file(tmp_path, capsys):
     a_file = tmp_path / "taken"
     a_file.write_text("not a folder")
-    assert rove(["compare", "--out", str(a_file), "--quiet", "--train", "preset=nano"]) == 2
+    assert rove(["compare", "--out", str(a_file), "--no-progress", "--train", "preset=nano"]) == 2
     _one_error_line(capsys, "rove compare", str(a_file), "is a file")
     assert rove(["train", "--preset", "nano", "--out-dir", str(a_file), "--no-progress"]) == 2
     _one_error_line(capsys, "rove train", str(a_file))
@@ -106,7 +106,7 @@ def test_a_full_disk_is_a_message(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", fake_evaluate)
     monkeypatch.setattr(evaluate, "write_json_atomic", full)
     out = tmp_path / "eval.json"
-    assert rove(["eval", str(tmp_path), "--out", str(out), "--quiet"]) == 2
+    assert rove(["eval", str(tmp_path), "--out", str(out), "--no-progress"]) == 2
     _one_error_line(capsys, "rove eval", "No space left on device")
     assert not out.exists()
 

@@ -14,7 +14,7 @@ from rove.cli import main
 def test_demo_quick_end_to_end_and_resume(tmp_path, monkeypatch):
     monkeypatch.setenv("ROVE_DATA_DIR", str(tmp_path / "data"))
     out = tmp_path / "demo"
-    assert main(["demo", "--quick", "--quiet", "--out", str(out)]) == 0
+    assert main(["demo", "--quick", "--no-progress", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     runs = results["runs"]
     assert sorted((r["pos"], r["seed"]) for r in runs) == [
@@ -42,6 +42,6 @@ def test_demo_quick_end_to_end_and_resume(tmp_path, monkeypatch):
 
     # a second run reuses everything on disk
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")}
-    assert main(["demo", "--quick", "--quiet", "--out", str(out)]) == 0
+    assert main(["demo", "--quick", "--no-progress", "--out", str(out)]) == 0
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")} == stamps
     assert json.loads((out / "results.json").read_text())["runs"] == runs

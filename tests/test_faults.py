@@ -341,7 +341,7 @@ def test_compare_detects_stale_runs_and_evals(data_dir, tmp_path, capsys):
     assert json.loads((out / "results.json").read_text()) == results  # nothing relabelled
     config_file = tmp_path / "longer.json"
     config_file.write_text(json.dumps(dataclasses.asdict(longer)))
-    assert compare_main(["--config", str(config_file), "--quiet"]) == 2
+    assert compare_main(["--config", str(config_file), "--no-progress"]) == 2
     assert "max_steps: 3 -> 4" in capsys.readouterr().err
 
     run_compare(longer, progress=False, force=True)
@@ -366,7 +366,7 @@ def test_second_compare_and_second_eval_into_one_output_are_refused(data_dir, tm
     assert not (out / "runs").exists()  # refused before any work
     target = tmp_path / "eval.json"
     with eval_output_lock(target):
-        assert eval_main([str(tmp_path), "--out", str(target), "--quiet"]) == 2
+        assert eval_main([str(tmp_path), "--out", str(target), "--no-progress"]) == 2
     assert "in use by another process" in capsys.readouterr().err
     assert not target.exists()
 

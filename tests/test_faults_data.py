@@ -430,7 +430,7 @@ def test_eval_from_another_directory_and_on_changed_data(nano_run, tmp_path, mon
         with pytest.raises(ValueError, match="dataset changed since the run recorded it"):
             evaluate_checkpoint(run_dir, QUICK_EVAL, progress=False)
         out = tmp_path / "e.json"
-        argv = [str(run_dir), "--no-ruler", "--no-icl", "--quiet", "--out", str(out)]
+        argv = [str(run_dir), "--no-ruler", "--no-icl", "--no-progress", "--out", str(out)]
         assert eval_main(argv) == 2
         assert "--data-dir" in capsys.readouterr().err
         assert eval_main([*argv, "--data-dir", str(copy), "--ppl-lengths", "32",

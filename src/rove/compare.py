@@ -368,11 +368,11 @@ def demo_main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="smoke version: nano models, under a minute"
     )
     p.add_argument("--out", help=f"output folder; default: {DEMO_OUT}, or {QUICK_DEMO_OUT}")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--force", action="store_true", help="retrain runs made with another config")
     args = p.parse_args(argv)
     cfg = demo_config(args.quick, args.out)
-    return _run_and_print("rove demo", cfg, progress=not args.quiet, force=args.force)
+    return _run_and_print("rove demo", cfg, progress=not args.no_progress, force=args.force)
 
 
 # Older names of CompareConfig fields, still read from a config stored before the rename: a
@@ -448,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true",
         help="retrain runs whose stored config differs (the old ones are moved aside)",
     )  # fmt: skip
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(**{k: v for k, v in config_defaults(CompareConfig).items() if k in _FLAG_FIELDS})
     return p
 
@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             raise FileNotFoundError(f"no {results_file}: run the comparison first")
         print(f"wrote {write_report(json.loads(results_file.read_text()), cfg.out_dir)}")
         return 0
-    return _run_and_print("rove compare", cfg, progress=not args.quiet, force=args.force)
+    return _run_and_print("rove compare", cfg, progress=not args.no_progress, force=args.force)
 
 
 def _run_and_print(prog: str, cfg: CompareConfig, *, progress: bool, force: bool) -> int:

@@ -413,7 +413,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="checkpoint folder or run folder (its latest checkpoint)")
     p.add_argument("--out", help="JSON output file (default: CHECKPOINT/eval.json)")
     p.add_argument("--device", default="auto", help="auto (the GPU if any), cpu or cuda")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument(
         "--data",
         help="held-out text instead of the run's val split: a file, a folder or a corpus name, "
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             args.checkpoint,
             cfg,
             device=resolve_device(args.device),
-            progress=not args.quiet,
+            progress=not args.no_progress,
             data=args.data,
             data_dir=args.data_dir,
         )
