@@ -70,7 +70,9 @@ def metrics_of(runs: list[dict]) -> list[Metric]:
     kinds = sorted({k for r in runs for k in r.get("ppl_scaled", {})})
     for kind in kinds:
         for n in _lengths(runs, "ppl_scaled", kind):
-            out.append(Metric(f"PPL@{n} +{kind}", _value_at("ppl_scaled", kind, str(n)), True))
+            out.append(
+                Metric(scaled_label(f"PPL@{n}", kind), _value_at("ppl_scaled", kind, str(n)), True)
+            )
     for kind, n, group in _ruler_columns(runs):
         out.append(
             Metric(

@@ -96,6 +96,11 @@ def plot_ppl_vs_length(runs: list[dict], path: Path) -> Path:
     return _save(ppl_figure(runs), path)
 
 
+def _legend(label: str, kind: str | None) -> str:
+    """A curve's legend entry: ``rope``, or ``rope + yarn`` under a scaling."""
+    return label if kind is None else f"{label} + {kind}"
+
+
 def ppl_figure(runs: list[dict]) -> plt.Figure:
     """The figure of :func:`plot_ppl_vs_length` (open: the caller saves and closes it)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -104,10 +109,10 @@ def ppl_figure(runs: list[dict]) -> plt.Figure:
     for i, label in enumerate(_labels(runs)):
         group = [r for r in runs if r["label"] == label]
         plain = [r.get("ppl", {}) for r in group]
-        curves = {"": plain}
+        curves: dict[str | None, list[dict]] = {None: plain}
         for kind in sorted({k for r in group for k in r.get("ppl_scaled", {})}):
             # scaling starts beyond the training length: join the curve to the plain value there
-            curves[f" + {kind}"] = [
+            curves[kind] = [
                 {
                     **{k: v for k, v in p.items() if int(k) == train_len},
                     **r["ppl_scaled"].get(kind, {}),
@@ -115,7 +120,7 @@ def ppl_figure(runs: list[dict]) -> plt.Figure:
                 for p, r in zip(plain, group, strict=True)
             ]
         style = _style(i)
-        for j, (suffix, maps) in enumerate(curves.items()):
+        for j, (kind, maps) in enumerate(curves.items()):
             lengths = sorted({int(k) for m in maps for k in m})
             stats = [summarize([m.get(str(n)) for m in maps]) for n in lengths]
             xs = [n for n, s in zip(lengths, stats, strict=True) if s.n]
@@ -127,7 +132,7 @@ def ppl_figure(runs: list[dict]) -> plt.Figure:
             ax.plot(
                 xs, mean, color=style["color"], marker=style["marker"], ms=5,
                 ls="-" if j == 0 else LINESTYLES[1 + (j - 1) % 3],
-                mfc=style["color"] if j == 0 else "none", label=label + suffix,
+                mfc=style["color"] if j == 0 else "none", label=_legend(label, kind),
             )  # fmt: skip
             ax.fill_between(xs, mean - std, mean + std, color=style["color"], alpha=0.12, lw=0)
     ax.set_xscale("log", base=2)
@@ -183,7 +188,7 @@ def plot_position_loss(runs: list[dict], path: Path) -> Path:
                 mids, mean, color=style["color"], marker=style["marker"], ms=4,
                 ls="-" if j == 0 else LINESTYLES[1 + (j - 1) % 3],
                 mfc=style["color"] if j == 0 else "none",
-                label=scaled_label(label, scaling_kind(key)),
+                label=_legend(label, scaling_kind(key)),
             )  # fmt: skip
     _mark_train_len(ax, train_len)
     ax.set(xlabel=f"position in a {length}-token window", ylabel="mean loss (nats/token)")
