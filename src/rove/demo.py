@@ -175,9 +175,8 @@ def estimate_seconds(cfg: CompareConfig, tokens_per_second: float) -> float:
 
 def fit_to_budget(cfg: CompareConfig, tokens_per_second: float, budget_s: float) -> CompareConfig:
     """``cfg`` with fewer training steps if it would not finish within ``budget_s`` at
-    ``tokens_per_second`` (never fewer than ``MIN_STEPS``, where over budget is better than a
-comparison of untrained models); the title says what was changed.
-    ``budget_s <= 0`` means no budget."""
+    ``tokens_per_second``; the title says what was changed. Never fewer than ``MIN_STEPS``: over
+    budget is better than a comparison of untrained models. ``budget_s <= 0``: no budget."""
     steps = cfg.train["max_steps"]
     floor = min(MIN_STEPS, steps)
     if budget_s <= 0 or steps == floor or estimate_seconds(cfg, tokens_per_second) <= budget_s:
