@@ -69,7 +69,17 @@ def eval_summary_lines(record: dict) -> list[str]:
             lines.append(f"  ICL: {icl['error']}")
     core = record.get("core")
     if isinstance(core, dict) and core.get("core") is not None:
-        lines.append(f"  CORE: {core['core']:.4f}")
+        tasks = core.get("tasks", {})
+        lines.append(f"  CORE: {core['core']:.4f} over {len(tasks)} task(s)")
+        if core.get("missing"):
+            lines.append(f"  CORE task files missing: {', '.join(core['missing'])}")
+        for label, t in tasks.items():
+            if t.get("n_cut") or t.get("n_too_long"):
+                lines.append(
+                    f"  CORE {label}: of {t['n_items']} items {t['n_cut']} cut to the "
+                    f"{core.get('window')}-token window, {t['n_too_long']} did not fit "
+                    "(scored wrong)"
+                )
     for name, why in record.get("not_run", {}).items():
         lines.append(f"  {name.upper() if name != 'ppl' else 'perplexity'}: not run: {why}")
     return lines

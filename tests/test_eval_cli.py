@@ -1,0 +1,56 @@
+"""``rove eval`` from the command line: CORE on real bundle rows with task selection, and the
+folders it accepts (run, checkpoint, or a ``rove export`` folder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rove.cli import main as rove
+from rove.model import GPT, GPTConfig
+from run_folders import save_byte_run
+
+REAL_ROWS = Path(__file__).parent / "fixtures" / "core_bundle"
+ONLY_CORE = ["--no-ppl", "--no-ruler", "--no-icl", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=320, block_size=64, n_layer=1, n_head=2, n_embd=32, pos="rove")
+    folder = tmp_path_factory.mktemp("eval") / "run"
+    save_byte_run(folder, GPT(cfg).eval())
+    (folder.parent / "held_out.txt").write_text("some held-out text\n" * 50)
+    return folder
+
+
+def test_core_tasks_run_on_real_rows_and_the_summary_counts_what_did_not_fit(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "eval.json"
+    argv = ["eval", str(run), "--out", str(out), "--data", str(run.parent / "held_out.txt")]
+    argv += ["--core-bundle", str(REAL_ROWS), "--core-tasks", "piqa", "copa", *ONLY_CORE]
+    assert rove(argv) == 0
+    core = json.loads(out.read_text())["core"]
+    assert sorted(core["tasks"]) == ["copa", "piqa"] and core["complete"] is False
+    piqa = core["tasks"]["piqa"]
+    assert piqa["n_too_long"] == 2 and piqa["n_cut"] == 2
+    text = capsys.readouterr().out
+    assert "CORE piqa: of 4 items 2 cut to the 64-token window, 2 did not fit" in text
+    assert "CORE copa: of 3 items 2 cut to the 64-token window, 0 did not fit" in text
+    assert "CORE task files missing" not in text  # the two selected are present
+
+
+def test_an_unknown_core_task_is_one_line_before_any_work(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    argv = ["eval", str(run), "--out", str(tmp_path / "e.json"), "--core-bundle", str(REAL_ROWS)]
+    assert rove([*argv, "--core-tasks", "piqa", "pika", *ONLY_CORE]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("rove eval: error: unknown CORE task(s) ['pika']")
+    assert not (tmp_path / "e.json").exists()
+    assert rove(["eval", str(run), "--core-tasks", "piqa", *ONLY_CORE]) == 2
+    assert "needs a CORE bundle" in capsys.readouterr().err
