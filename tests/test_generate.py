@@ -89,3 +89,24 @@ def test_sampling_is_seeded_and_yarn_applies(run_dir, tmp_path, capsys):
     assert main([str(run), "--prompt", "ab", "--yarn-factor", "0.5"]) == 2
     assert "yarn_factor must be > 1" in capsys.readouterr().err
     assert main([str(tmp_path / "missing"), "--prompt", "ab"]) == 2
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generate_under_dynamic_ntk_equals_one_forward_over_the_final_sequence(use_cache):
+    """Dynamic NTK's frequencies follow the length; ``GPT.generate`` pins them to prompt + new
+    tokens, the length of a plain forward over the final sequence. So every generated token is
+    the argmax of that one uncached forward at the position before it. The prompt is already past
+    the training length, so a pin at the prompt length alone gives other frequencies (and other
+    tokens), cached or not."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=32, pos="rove")
+    model = GPT(cfg).eval().double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    prompt = torch.randint(0, 64, (2, 12))
+    with model.rope_scaling("dynamic-ntk", 4.0):
+        out = model.generate(prompt, 20, use_cache=use_cache)  # final length 32 = 4 x 8
+        with torch.no_grad():
+            full = model(out)  # unpinned: the length of this forward, 32
+    assert torch.equal(out[:, 12:], full[:, 11:-1].argmax(-1))
