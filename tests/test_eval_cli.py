@@ -54,3 +54,25 @@ def test_an_unknown_core_task_is_one_line_before_any_work(
     assert not (tmp_path / "e.json").exists()
     assert rove(["eval", str(run), "--core-tasks", "piqa", *ONLY_CORE]) == 2
     assert "needs a CORE bundle" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["eval", "analyze"])
+def test_eval_and_analyze_refuse_an_export_naming_why(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture, command: str
+) -> None:
+    """They said "no checkpoint here" of an export folder, which rove generate accepts."""
+    pytest.importorskip("transformers")
+    from rove.hf.export import export_run
+
+    export = export_run(run, tmp_path / "export")
+    before = sorted(p.name for p in export.iterdir())
+    assert (
+        rove(
+            [command, str(export), "--no-progress"] if command == "eval" else [command, str(export)]
+        )
+        == 2
+    )
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"rove {command}: error: {export} is a Hugging Face export")
+    assert "give the run it was exported from" in line
+    assert sorted(p.name for p in export.iterdir()) == before  # nothing written there

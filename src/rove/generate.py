@@ -36,7 +36,9 @@ __all__ = [
     "filter_logits",
     "generate_samples",
     "generate_text",
+    "hf_export_type",
     "main",
+    "refuse_export",
     "sample_next",
     "usable_device",
 ]
@@ -235,7 +237,7 @@ def generate_samples(
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     dev = usable_device(device)
     folder = Path(path)
-    if _is_export(folder):
+    if hf_export_type(folder) is not None:
         if yarn_factor is not None:
             raise ValueError(
                 "--yarn-factor needs a run folder; an export's config.json fixes its "
@@ -359,14 +361,25 @@ def _export_samples(
     return texts
 
 
-def _is_export(folder: Path) -> bool:
-    """An HF model folder (its ``config.json`` names a ``model_type``), not a run folder (whose
-    ``config.json`` is the training recipe)."""
+def hf_export_type(folder: str | Path) -> str | None:
+    """The ``model_type`` of an HF model folder such as ``rove export`` writes, else None (a run
+    folder's ``config.json`` is its training recipe, with no ``model_type``)."""
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and "model_type" in config
+        return None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    return str(model_type) if model_type else None
+
+
+def refuse_export(folder: str | Path, command: str, why: str) -> None:
+    """One line for a command that reads run/checkpoint folders only, given an export."""
+    model_type = hf_export_type(folder)
+    if model_type is not None:
+        raise ValueError(
+            f"{folder} is a Hugging Face export (model_type {model_type!r}), not a run or "
+            f"checkpoint folder: {command} {why}; give the run it was exported from"
+        )
 
 
 def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:

@@ -39,6 +39,7 @@ from rove.eval.protocol import LanguageModel
 from rove.eval.records import scaling_key, scaling_kind
 from rove.eval.ruler import RULER_TASKS, evaluate_ruler
 from rove.eval.summary import eval_summary_lines
+from rove.generate import refuse_export
 from rove.lock import lock_folder
 from rove.precision import resolve_device
 from rove.rotary import SCALING_KINDS
@@ -487,6 +488,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(EvalConfig, args, qa_paths=qa_paths)
     if not Path(args.checkpoint).is_dir():  # before the lock, which would create the folder
         raise FileNotFoundError(f"no run or checkpoint folder {args.checkpoint}")
+    refuse_export(
+        args.checkpoint,
+        "rove eval",
+        "reads a rove checkpoint with its tokenizer and held-out data identity (an export can "
+        "run lm-eval: lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True)",
+    )
     if cfg.core_bundle:  # a wrong bundle or task name fails now, not after the other evaluations
         from rove.eval.core import load_bundle, select_tasks
 
