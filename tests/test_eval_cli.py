@@ -76,3 +76,25 @@ def test_eval_and_analyze_refuse_an_export_naming_why(
     assert line.startswith(f"rove {command}: error: {export} is a Hugging Face export")
     assert "give the run it was exported from" in line
     assert sorted(p.name for p in export.iterdir()) == before  # nothing written there
+
+
+def test_the_comparison_report_says_what_core_cut_or_left_out() -> None:
+    from rove.report import render_report
+    from test_report import run as report_run
+
+    core = {
+        "core": 0.1,
+        "complete": False,
+        "missing": {"hellaswag": "eval_data/language_understanding/hellaswag.jsonl"},
+        "window": 128,
+        "tasks": {"piqa": {"accuracy": 0.5, "centered": 0.0, "n_items": 4, "n_cut": 2,
+                           "n_too_long": 2}},
+    }  # fmt: skip
+    runs = []
+    for label in ("rope", "rove"):
+        rec = report_run(label, 0, {64: 10.0, 128: 8.0}, {}, 0.1, 3.0)
+        rec["core"] = core
+        runs.append(rec)
+    md = render_report({"title": "core", "config": {"baseline": "rope"}, "runs": runs})
+    assert md.count("- CORE task files missing: hellaswag") == 1  # once, not per run
+    assert "- CORE piqa: of 4 items 2 cut to the 128-token window, 2 did not fit" in md
