@@ -98,3 +98,14 @@ def test_the_comparison_report_says_what_core_cut_or_left_out() -> None:
     md = render_report({"title": "core", "config": {"baseline": "rope"}, "runs": runs})
     assert md.count("- CORE task files missing: hellaswag") == 1  # once, not per run
     assert "- CORE piqa: of 4 items 2 cut to the 128-token window, 2 did not fit" in md
+
+
+def test_a_bundle_without_the_selected_task_files_fails_before_any_work(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "bundle" / "eval_data").mkdir(parents=True)
+    out = tmp_path / "e.json"
+    argv = ["eval", str(run), "--out", str(out), "--core-bundle", str(tmp_path / "bundle")]
+    assert rove([*argv, "--no-progress"]) == 2  # perplexity etc. would have run first
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "none of the 22 CORE task file(s)" in line and not out.exists()

@@ -48,6 +48,7 @@ __all__ = [
     "CORE_TASKS",
     "CoreTask",
     "build_items",
+    "bundle_tasks",
     "core_score",
     "evaluate_core",
     "load_bundle",
@@ -197,6 +198,20 @@ def select_tasks(specs: Sequence[CoreTask], labels: Sequence[str] | None) -> tup
     return tuple(t for t in specs if t.label in set(labels))
 
 
+def bundle_tasks(
+    bundle_dir: str | Path, labels: Sequence[str] | None = None
+) -> tuple[CoreTask, ...]:
+    """The tasks of the bundle named in ``labels`` (all when None), checked before any work: an
+    unknown label, or not one of their task files present, is an error."""
+    specs = select_tasks(load_bundle(bundle_dir), labels)
+    if not any(task_path(bundle_dir, t).is_file() for t in specs):
+        raise FileNotFoundError(
+            f"none of the {len(specs)} CORE task file(s) is in {Path(bundle_dir) / 'eval_data'} "
+            f"(e.g. {specs[0].dataset_uri}). {BUNDLE_HELP}"
+        )
+    return specs
+
+
 def load_task_data(bundle_dir: str | Path, task: CoreTask) -> list[dict[str, Any]]:
     """The JSON lines of one task, checked for the fields its task type needs."""
     path = task_path(bundle_dir, task)
@@ -281,7 +296,7 @@ def evaluate_core(
     task records ``n_cut`` (items whose context lost its oldest tokens to the window) and
     ``n_too_long`` (items whose continuation did not fit: scored wrong).
     """
-    specs = select_tasks(load_bundle(bundle_dir), tasks)
+    specs = bundle_tasks(bundle_dir, tasks)
     # LLM Foundry's window holds context + continuation (trim_context against max_seq_len); the
     # scorer's max_len bounds the model input, which is that sequence less its last token
     window = model.config.block_size
@@ -312,11 +327,6 @@ def evaluate_core(
             "n_cut": sum(r.fit == "cut" for r in results),
             "n_too_long": sum(r.fit == "too_long" for r in results),
         }
-    if not per_task:
-        raise FileNotFoundError(
-            f"none of the {len(specs)} CORE task file(s) is in {Path(bundle_dir) / 'eval_data'} "
-            f"(e.g. {next(iter(missing.values()))}). {BUNDLE_HELP}"
-        )
     core_labels = {t.label for t in CORE_TASKS}
     return {
         "core": core_score({k: v["centered"] for k, v in per_task.items()}),

@@ -495,9 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         "run lm-eval: lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True)",
     )
     if cfg.core_bundle:  # a wrong bundle or task name fails now, not after the other evaluations
-        from rove.eval.core import load_bundle, select_tasks
+        from rove.eval.core import bundle_tasks
 
-        select_tasks(load_bundle(cfg.core_bundle), cfg.core_tasks)
+        bundle_tasks(cfg.core_bundle, cfg.core_tasks)
     out = Path(args.out) if args.out else Path(args.checkpoint) / run_files.EVAL
     with eval_output_lock(out):
         record = evaluate_checkpoint(
