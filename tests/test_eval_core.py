@@ -197,6 +197,9 @@ def test_missing_bundle_and_bad_rows(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="question_answering"):
         load_bundle(tmp_path)
+    (tmp_path / "core.yaml").write_text("icl_tasks:\n- label: gsm\n")
+    with pytest.raises(ValueError, match=r"entry 1 has no \['dataset_uri'\]"):
+        load_bundle(tmp_path)
     bad = tmp_path / "eval_data" / "x" / "bad.jsonl"
     bad.parent.mkdir()
     bad.write_text(json.dumps({"query": "q", "choices": ["a"]}) + "\n")

@@ -148,7 +148,11 @@ def load_bundle(bundle_dir: str | Path) -> tuple[CoreTask, ...]:
             for t in CORE_TASKS
         )
     tasks = []
-    for entry in parse_icl_tasks_yaml((root / "core.yaml").read_text(encoding="utf-8")):
+    entries = parse_icl_tasks_yaml((root / "core.yaml").read_text(encoding="utf-8"))
+    for i, entry in enumerate(entries):
+        lacks = [k for k in ("label", "dataset_uri") if k not in entry]
+        if lacks:
+            raise ValueError(f"{root / 'core.yaml'}: icl_tasks entry {i + 1} has no {lacks}")
         label = entry["label"]
         if entry.get("icl_task_type") not in TASK_TYPES:
             raise ValueError(
