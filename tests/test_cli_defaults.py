@@ -188,13 +188,13 @@ def test_export_defaults_are_export_run_s(monkeypatch):
     assert kwargs == _defaults(export.export_run)
 
 
-def test_generate_defaults_are_generate_text_s(monkeypatch):
+def test_generate_defaults_are_generate_samples_s(monkeypatch):
     import rove.generate as generate
 
     argv = ["run", "--prompt", "a"]
-    kwargs = _called_with(monkeypatch, generate, "generate_text", generate.main, argv)
+    kwargs = _called_with(monkeypatch, generate, "generate_samples", generate.main, argv)
     set_by_the_command = {"device": resolve_device("auto"), "out": sys.stdout}
-    assert kwargs == {**_defaults(generate.generate_text), **set_by_the_command}
+    assert kwargs == {**_defaults(generate.generate_samples), **set_by_the_command}
 
 
 def test_data_prepare_takes_the_tokenizers_of_rove_train_or_a_local_one():
