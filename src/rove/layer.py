@@ -139,6 +139,8 @@ class RoveAttention(nn.Module):
         return self.proj(unrotate(out, tables, pos=self.pos, rotary=self.rotary, merge_heads=True))
 
     def _check_cache_use(self, doc_ids: torch.Tensor | None) -> None:
+        """A cache extends one sequence with keys rotated once: no packing, and frequencies
+        that do not follow the length."""
         if doc_ids is not None:
             raise ValueError("doc_ids (packed sequences) cannot be combined with a KV cache")
         if self.rotary is not None and self.rotary.dynamic:
