@@ -82,6 +82,10 @@ def test_model_compiles_whole_through_the_dispatch_as_on_cuda(pos, monkeypatch):
     kernels run there), traces into one graph that holds the Triton ops: nothing in the choice
     breaks the graph."""
     pytest.importorskip("triton")
+    from rove.kernels.triton_kernels import INTERPRETED
+
+    if not INTERPRETED:
+        pytest.skip("with a GPU the kernels are compiled: test_kernels_triton.py traces them")
     monkeypatch.setattr(dispatch, "_TRITON_DEVICES", ("cpu",))
     graphs: list[torch.fx.GraphModule] = []
 
