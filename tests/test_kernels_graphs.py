@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
 from rove.kernels import dispatch, rotate, split_rotate_qkv, torch_rotary, unrotate_output
@@ -31,7 +32,7 @@ class GraphSizes:
 
     def count(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:
         self.nodes.append(len(gm.graph.nodes))
-        return gm.forward
+        return make_boxed_func(gm.forward)
 
     def backend(self) -> object:
         return aot_autograd(fw_compiler=self.count, bw_compiler=self.count)
