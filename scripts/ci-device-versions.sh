@@ -6,8 +6,8 @@
 #
 # PyPI's torch 2.11 for Linux x86-64 is the CUDA build (with its nvidia-* libraries); without a
 # GPU it runs on the CPU. Its venv, .venv-device, is made once and reused while the pins hold.
-# Cost on the 2-core CI machine: cold ~5 min and ~4.6 GB (the download and install of torch's
-# CUDA libraries), then the tests below (~3-4 min); warm: the tests alone.
+# Cost measured on the shared 2-core VM (busy): cold ~8 min (~5.5 of them the download and
+# install of torch's CUDA libraries; the venv is 5.0 GB), warm (venv kept) ~3 min: the tests.
 #
 # Run: ./scripts/ci-device-versions.sh       (PYTHON=python3.12 to match the device's Python)
 set -euo pipefail
