@@ -88,6 +88,7 @@ GOALS = {
     "reference": 1.0,  # compiled rope step / compiled minimal reference
 }
 Variants = dict[str, Callable[[], object]]
+OPS = ("split fwd", "merge (split bwd)", "un-rotate fwd", "un-rotate bwd")  # the rotation passes
 
 
 class Skip(Exception):
@@ -585,8 +586,7 @@ class Suite:
             "o": 2 * t["o"].numel() * t["o"].element_size(),
         }
         table = 2 * t["cos"].numel() * t["cos"].element_size()
-        moved = {"split fwd": nbytes["qkv"] + table, "merge (split bwd)": nbytes["qkv"] + table,
-                 "un-rotate fwd": nbytes["o"] + table, "un-rotate bwd": nbytes["o"] + table}  # fmt: skip
+        moved = {op: nbytes["qkv" if "split" in op else "o"] + table for op in OPS}
         rows: list[dict] = []
         self.partial["rows"] = rows
         copies: Variants = {
@@ -634,8 +634,8 @@ class Suite:
         for r in launched:  # per op, the better of direct launches and the CUDA graph
             best[r["op"]] = max(best.get(r["op"], 0.0), r["of_copy"])
         worst = min(best.values(), default=None)
-        goal = self.goal("fused rotation >= 70% of copy bandwidth (slowest op, launcher timed)",
-                         worst, GOALS["copy"], ">=", "{:.0%}", why="no fused (Triton) path here")  # fmt: skip
+        text = "fused rotation >= 70% of copy bandwidth (slowest op, launcher timed)"
+        goal = self.goal(text, worst, GOALS["copy"], ">=", "{:.0%}", why="no fused Triton here")
         return {"rows": rows, "goal": goal}, "\n".join(lines)
 
     # ---------------------------------------------------------------- (c) attention layer
@@ -657,8 +657,13 @@ class Suite:
                 F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), g
             ),
         }
-        args = argparse.Namespace(dtype=self.dtype, heads=s.heads, head_dim=s.head_dim,
-                                  device=self.device, compile_backend=s.compile_backend)  # fmt: skip
+        args = argparse.Namespace(
+            dtype=self.dtype,
+            heads=s.heads,
+            head_dim=s.head_dim,
+            device=self.device,
+            compile_backend=s.compile_backend,
+        )
         for backend in backends:
             for pos in ATTENTION_POSITIONS:
                 fwd_bwd, fwd = bench_kernels.layer_step(pos, backend, compiled, seq, bsz, args)

@@ -94,10 +94,13 @@ def test_model_compiles_whole_through_the_dispatch_as_on_cuda(pos, monkeypatch):
         graphs.append(gm)
         return gm.forward
 
-    torch._dynamo.reset()
     model = GPT(get_preset("nano", vocab_size=64, pos=pos))
     idx = torch.zeros(2, 16, dtype=torch.long)
-    torch.compile(model, backend=record, fullgraph=True)(idx, idx)
+    torch._dynamo.reset()
+    try:
+        torch.compile(model, backend=record, fullgraph=True)(idx, idx)
+    finally:
+        torch._dynamo.reset()  # the code cached under the stand-in must not serve other tests
     assert len(graphs) == 1
     targets = {  # of the graph and its subgraphs (an autograd.Function is traced as one)
         str(node.target)

@@ -9,9 +9,9 @@ Memory: each rotation writes straight into its one output (``torch.mul(out=...)`
 float32 by the plain elementwise formula (one pass under Inductor, a fixed few launches in CUDA
 eager), or on CPU in eager through a small scratch buffer a few tokens at a time.
 ``apply_rotary`` (the readable composition, about four tensors of temporaries) stays the
-reference and the path for learned tables. The QKV split writes q, k (and RoVE's v) into one ``(B, T, H, D)`` tensor, leaves
-unrotated values as views of the projection, and its backward writes the projection's gradient in
-one pass, as the Triton kernels do.
+reference and the path for learned tables. The QKV split writes q, k (and RoVE's v) into one
+``(B, T, H, D)`` tensor, leaves unrotated values as views of the projection, and its backward
+writes the projection's gradient in one pass, as the Triton kernels do.
 """
 
 from __future__ import annotations
