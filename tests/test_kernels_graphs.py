@@ -16,6 +16,7 @@ import pytest
 import torch
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rove.kernels import dispatch, rotate, split_rotate_qkv, torch_rotary, unrotate_output
 from rove.model import GPT, get_preset
@@ -61,6 +62,34 @@ def test_compiled_rotation_graph_does_not_grow_with_the_length():
     short, long = graph_sizes(64), graph_sizes(1024)
     assert len(short) == 2  # one forward and one backward graph
     assert short == long
+
+
+class OpCount(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def eager_ops(seq: int, device: str) -> int:
+    """Ops dispatched by the rotations' forward and backward in eager bf16 at length ``seq``."""
+    cos, sin = Rotary(D).tables(torch.arange(seq, device=device))
+    x = torch.randn(B, H, seq, D, dtype=torch.bfloat16, device=device, requires_grad=True)
+    qkv = torch.randn(B, seq, 3 * H * D, dtype=torch.bfloat16, device=device, requires_grad=True)
+    with OpCount() as count:
+        outs = rotations(x, qkv, cos, sin)
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+    return count.ops
+
+
+def test_eager_rotation_on_the_device_is_a_fixed_number_of_ops():
+    """Off the CPU (``meta`` stands in for CUDA) eager bf16 launches the same ops at T = 64 and
+    T = 1024: no loop over chunks of tokens, whose launches would swamp the unfused baseline."""
+    assert eager_ops(64, "meta") == eager_ops(1024, "meta")
+    assert eager_ops(64, "cpu") < eager_ops(1024, "cpu")  # the CPU's chunks, 64 tokens each
 
 
 @pytest.mark.parametrize("convention", ["half", "interleaved"])
