@@ -499,9 +499,10 @@ class Suite:
         }
 
     def rotation_variants(self, t: dict[str, torch.Tensor], compiled: bool) -> dict[str, Variants]:
-        """Groups of calls, each timed on its own: name -> call. ``launch``: the Triton
-        launchers; ``dispatch``: the public ops with autograd; ``torch``: the formula into
-        preallocated outputs (eager, or one Inductor-compiled function when ``compiled``)."""
+        """Groups of calls, each timed on its own: "triton launcher" (the launchers into
+        preallocated outputs, no autograd), "triton dispatch" (the public ops with autograd, as
+        a model calls them), "torch eager" / "torch compiled" (the formula into the same
+        outputs; compiled by Inductor when ``compiled``, alone in its group)."""
         cos, sin, qkv, o = t["cos"], t["sin"], t["qkv"], t["o"]
 
         def formula(out: torch.Tensor, x: torch.Tensor, conjugate: bool) -> torch.Tensor:
