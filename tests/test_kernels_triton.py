@@ -5,7 +5,7 @@ Without a GPU the kernels run in the Triton interpreter on CPU tensors (``confte
 CUDA, plus the ``gpu``-marked ``torch.compile`` checks.
 
 Run:  pytest tests/test_kernels_triton.py            (CPU, interpreter: ~10 s on 2 cores)
-      pytest -m gpu tests/test_kernels_triton.py     (CUDA: torch.compile / opcheck)
+      pytest -m gpu tests/test_kernels_triton.py     (CUDA: every test, compiled for the device)
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ from rove.rotary import Rotary
 
 assert INTERPRETED or torch.cuda.is_available(), "conftest.py sets TRITON_INTERPRET without a GPU"
 DEVICE = "cpu" if INTERPRETED else "cuda"
+# With a GPU the whole file checks the compiled kernels on the device, so `pytest -m gpu` (the
+# GPU suite's tests stage) runs it; without one it runs by default, in the interpreter.
+pytestmark = [] if INTERPRETED else [pytest.mark.gpu]
 B, H, T, D = 2, 4, 8, 16
 EPS = {torch.float32: 1e-6, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 

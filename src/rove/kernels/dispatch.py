@@ -3,6 +3,10 @@
 The choice is made per call from the tensor's device, unless forced with ``use_backend`` (tests
 use it to run the Triton path under ``TRITON_INTERPRET=1`` on CPU, benchmarks to compare both).
 Every backend exposes the same call, so model code never branches.
+
+Whether Triton is installed is resolved once, at import: the choice runs inside every traced
+layer, and ``torch.compile`` must see only constants there (torch 2.11's dynamo cannot trace
+``importlib.util.find_spec`` and would split the graph at it).
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ __all__ = [
 
 BACKENDS = ("auto", "torch", "triton")
 _backend = os.environ.get("ROVE_KERNELS", "auto")
+_TRITON = importlib.util.find_spec("triton") is not None
+_TRITON_DEVICES = ("cuda",)  # where "auto" picks the kernels (tests stand the CPU in for CUDA)
 
 
 def triton_available() -> bool:
     """True when the Triton package can be imported (it is an optional extra)."""
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON
 
 
 @contextlib.contextmanager
@@ -53,9 +59,15 @@ def use_backend(name: str) -> Iterator[None]:
         _backend = previous
 
 
-def _use_triton(x: torch.Tensor) -> bool:
+def _use_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """The one guard of every op: the kernels for fixed tables, on CUDA or when forced.
+
+    Learned tables (``requires_grad``) always take the torch path, which differentiates them.
+    """
+    if cos.requires_grad or sin.requires_grad:
+        return False
     if _backend == "auto":
-        return x.is_cuda and triton_available()
+        return _TRITON and x.device.type in _TRITON_DEVICES
     return _backend == "triton"
 
 
@@ -106,7 +118,7 @@ def rotate(
     if not 2 <= x.ndim <= 4:
         raise ValueError(f"x must be (T, D), (H, T, D) or (B, H, T, D), got {tuple(x.shape)}")
     cos, sin = check_tables(cos, sin, x.shape[0] if x.ndim == 4 else None, x.shape[-2])
-    if _use_triton(x) and not (cos.requires_grad or sin.requires_grad):
+    if _use_triton(x, cos, sin):
         from rove.kernels.triton_rotary import rotate_triton
 
         return rotate_triton(x, cos, sin, convention=convention, inverse=inverse)
@@ -131,7 +143,7 @@ def split_rotate_qkv(
     _check_floating("qkv", qkv)
     cos, sin = check_tables(cos, sin, qkv.shape[0], qkv.shape[-2])
     split = split_rotate_qkv_torch
-    if _use_triton(qkv) and not (cos.requires_grad or sin.requires_grad):
+    if _use_triton(qkv, cos, sin):
         from rove.kernels.triton_rotary import split_rotate_qkv_triton
 
         split = split_rotate_qkv_triton
@@ -152,7 +164,7 @@ def unrotate_output(
 ) -> torch.Tensor:
     """Attention output ``(B, H, T, D)`` -> ``R_(-i)``-rotated ``(B, T, H * D)`` for the out-projection."""
     cos, sin = check_tables(cos, sin, o.shape[0], o.shape[-2])
-    if _use_triton(o) and not (cos.requires_grad or sin.requires_grad):
+    if _use_triton(o, cos, sin):
         from rove.kernels.triton_rotary import unrotate_output_triton
 
         return unrotate_output_triton(o, cos, sin, convention=convention)

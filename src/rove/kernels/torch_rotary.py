@@ -5,12 +5,13 @@ Writing that down (instead of letting autograd differentiate the slicing, concat
 products) saves no activations but the tables and costs one elementwise pass instead of four.
 
 Memory: each rotation writes straight into its one output (``torch.mul(out=...)`` then an in-place
-``addcmul_``), so it allocates nothing else in float32/float64; bf16/fp16 inputs are rotated in
-float32 through a small scratch buffer a few tokens at a time. ``apply_rotary`` (the readable
-composition, about four tensors of temporaries) stays the reference and the path for learned
-tables. The QKV split writes q, k (and RoVE's v) into one ``(B, T, H, D)`` tensor, leaves
-unrotated values as views of the projection, and its backward writes the projection's gradient in
-one pass, as the Triton kernels do.
+``addcmul_``), so it allocates nothing else in float32/float64. bf16/fp16 inputs are rotated in
+float32 by the plain elementwise formula (one pass under Inductor, a fixed few launches in CUDA
+eager), or on CPU in eager through a small scratch buffer a few tokens at a time.
+``apply_rotary`` (the readable composition, about four tensors of temporaries) stays the
+reference and the path for learned tables. The QKV split writes q, k (and RoVE's v) into one
+``(B, T, H, D)`` tensor, leaves unrotated values as views of the projection, and its backward
+writes the projection's gradient in one pass, as the Triton kernels do.
 """
 
 from __future__ import annotations
@@ -58,10 +59,16 @@ def _rotate_planes(
     convention: Convention,
     sign: int,
 ) -> None:
-    """``out`` planes = R(sign * theta) ``x`` planes, written in place (``out`` must not alias x)."""
+    """``out`` planes = R(sign * theta) ``x`` planes, written in place (``out`` must not alias x).
+
+    A float32/float64 ``out`` in eager is written through ``out=`` and in-place products:
+    nothing else is allocated. Otherwise (a bf16/fp16 ``out`` rotated in float32, or under
+    ``torch.compile``) it is the plain elementwise formula, one rounding at the end: Inductor
+    fuses it into one pass, and in eager it is a fixed handful of launches whatever the size.
+    """
     a, b = _pairs(x, half, convention)
     out_a, out_b = _pairs(out, half, convention)
-    if torch.compiler.is_compiling():  # no out= into strided views there; Inductor fuses this
+    if out.dtype != cos.dtype or torch.compiler.is_compiling():  # no out= into strided views there
         sin = sin * sign
         out_a.copy_(a * cos - b * sin)
         out_b.copy_(b * cos + a * sin)
@@ -70,6 +77,14 @@ def _rotate_planes(
     out_a.addcmul_(b, sin, value=-sign)  # a cos - b sin
     torch.mul(b, cos, out=out_b)
     out_b.addcmul_(a, sin, value=sign)  # b cos + a sin
+
+
+def _chunked_on_cpu(x: torch.Tensor, ct: torch.dtype) -> bool:
+    """Whether a bf16/fp16 rotation goes through the float32 scratch a few tokens at a time:
+    CPU eager only (the scratch stays in cache there; measured in benchmarks/RESULTS.md). On
+    CUDA the loop would be one launch group per chunk, and under ``torch.compile`` it would be
+    unrolled into a graph that grows with the length."""
+    return x.dtype != ct and x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def rotate_into(
@@ -93,10 +108,10 @@ def rotate_into(
         out[..., 2 * half :].copy_(x[..., 2 * half :])  # partial rotary: the rest passes
     ct = table_dtype(x.dtype)
     cos, sin = cos.to(ct), sin.to(ct)
-    if x.dtype == ct:
+    if not _chunked_on_cpu(x, ct):
         _rotate_planes(out, x, cos, sin, half, convention, sign)
         return out
-    # bf16/fp16: float32 arithmetic (one rounding at the end) on a few tokens at a time
+    # bf16/fp16 on CPU: float32 arithmetic (one rounding at the end) on a few tokens at a time
     seq = x.shape[-2]
     rows = math.prod(x.shape[:-2])
     step = max(1, _SCRATCH_ELEMENTS // max(1, rows * 2 * half))

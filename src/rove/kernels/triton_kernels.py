@@ -17,8 +17,8 @@ Notable features:
 - Positions come only through the float32 tables, ``(T, r/2)`` or per sequence ``(B, T, r/2)``
   (a batch stride of 0 shares one table), so KV-cache offsets and packed sequences need nothing
   else.
-- Every launch goes through ``torch.library.wrap_triton`` so ``torch.compile`` sees the kernels;
-  the launchers check every precondition and raise ``ValueError``.
+- Every compiled launch goes through ``torch.library.wrap_triton`` so ``torch.compile`` sees
+  the kernels; the launchers check every precondition and raise ``ValueError``.
 
 References: RoFormer (arXiv 2104.09864); RoVE (arXiv 2606.11275); the layout of FlashAttention's
 rotary kernel (constexpr interleaved/conjugate flags, strided offsets), written anew here.
@@ -269,6 +269,13 @@ INTERPRETED = not isinstance(_rotate_kernel, JITFunction)
 """True when ``TRITON_INTERPRET=1`` was set at import: the kernels then run on CPU tensors."""
 
 
+def _launchable(kernel: JITFunction) -> JITFunction:
+    """The kernel behind ``wrap_triton``, which shows its launches to ``torch.compile``; the
+    interpreter's kernels as they are (they are never traced, see ``_has_data``, and torch
+    2.11's ``wrap_triton`` refuses them)."""
+    return kernel if INTERPRETED else wrap_triton(kernel)
+
+
 def qkv_head_dim(width: int, n_head: int, n_kv_head: int, shared_kv: bool) -> int:
     """Head size of a fused projection ``[q | k | v]`` (or ``[q | kv]``) of ``width`` channels."""
     if n_head <= 0 or n_kv_head <= 0 or n_head % n_kv_head:
@@ -401,7 +408,7 @@ def launch_rotate(
         return
     meta = _blocks(n_heads, head_dim, half)
     grid = _grid(seq, triton.cdiv(n_heads, meta["BLOCK_H"]), bsz, meta)
-    wrap_triton(_rotate_kernel)[grid](
+    _launchable(_rotate_kernel)[grid](
         x, out, cos, sin, n_heads, seq, *x.stride(), *s_out, *s_tab,
         INTERLEAVED=interleaved, CONJUGATE=conjugate, **meta,
     )  # fmt: skip
@@ -465,7 +472,7 @@ def launch_split_qkv(
     n_kb = triton.cdiv(n_kv_head, meta["BLOCK_H"])
     n_blocks = triton.cdiv(n_head, meta["BLOCK_H"]) + n_kb * (1 if v is None else 2)
     grid = _grid(seq, n_blocks, bsz, meta)
-    wrap_triton(_split_qkv_kernel)[grid](
+    _launchable(_split_qkv_kernel)[grid](
         qkv, q, k, k if v is None else v, cos, sin,
         seq, n_head, n_kv_head, qkv.stride(0), qkv.stride(1), *s_tab,
         INTERLEAVED=interleaved, ROTATE_V=rotate_v, **meta,
@@ -524,7 +531,7 @@ def launch_merge_qkv(
     n_blocks = triton.cdiv(n_head, meta["BLOCK_H"]) + n_kb * (1 if shared_kv else 2)
     grid = _grid(seq, n_blocks, bsz, meta)
     dv_ = dk if dv is None else dv
-    wrap_triton(_merge_qkv_kernel)[grid](
+    _launchable(_merge_qkv_kernel)[grid](
         dq, dk, dv_, out, cos, sin, seq, n_head, n_kv_head,
         *dq.stride()[:3], *dk.stride()[:3], *dv_.stride()[:3], *out.stride()[:2], *s_tab,
         INTERLEAVED=interleaved, ROTATE_V=rotate_v, SHARED_KV=shared_kv, HAS_DV=dv is not None,
