@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV=.venv-device
+VENV=${ROVE_DEVICE_VENV:-.venv-device}  # CI keeps it in a cache outside the checkout
 PINS=(torch==2.11.0 triton==3.6.0)
 STAMP="$VENV/rove-device-pins"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "${PINS[*]}" ]]; then

@@ -53,6 +53,7 @@ LAYERS: dict[str, int] = {
     "rove.generate": 5,
     "rove.hf": 5,
     "rove.compare": 6,
+    "rove.demo": 6,
     "rove.report": 6,
     "rove.analysis": 6,
     "rove.vision": 6,
