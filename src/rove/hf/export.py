@@ -276,9 +276,9 @@ def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path)
     if getattr(hf.config, "auto_map", None):
         shutil.copyfile(MODELING_FILE, folder / MODELING_FILE.name)
     if tokenizer is not None:
-        from rove.hf.tokenizer import hf_tokenizer
+        from rove.hf.tokenizer import save_hf_tokenizer
 
-        hf_tokenizer(tokenizer).save_pretrained(folder)
+        save_hf_tokenizer(tokenizer, folder)
     files = sorted(p.name for p in folder.iterdir())
     manifest = {"format": EXPORT_FORMAT, "rove_version": __version__, "files": files}
     write_json_atomic(folder / EXPORT_MANIFEST, manifest)

@@ -184,7 +184,9 @@ def from_pretrained(path: str | Path, pos: HFPos | None = None, **kwargs: Any) -
     model_type = PretrainedConfig.get_config_dict(path)[0].get("model_type")
     if model_type == RoveGPTConfig.model_type:
         if pos is not None:
-            raise ValueError(f"{path} is a rove export, whose pos is fixed; pos= converts stock models")
+            raise ValueError(
+                f"{path} is a rove export, whose pos is fixed; pos= converts stock models"
+            )
         return load_exported(path, **kwargs)
     if model_type == MODEL_TYPE:
         model = RoveForCausalLM.from_pretrained(path, **kwargs)
