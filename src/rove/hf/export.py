@@ -155,6 +155,8 @@ def _neox(model: GPT) -> Any:
             eos_token_id=None,
         )
     )
+    # transformers 4 reads the rotary settings under their old names (5 reads rope_parameters)
+    hf.config.rotary_pct, hf.config.rotary_emb_base = rot / cfg.head_dim, cfg.rope_base
     # rove's rotated channels in NeoX's "half" pairing, then the pass-through channels
     perm = torch.cat(
         (

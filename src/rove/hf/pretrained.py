@@ -72,8 +72,11 @@ def _rove_config_class(base: type) -> type:
 
     name = f"Rove{base.__name__}"
     cls = type(name, (_RoveConfigMixin, base), {"__module__": __name__, "_rove_base": base})
+    # the Auto classes want a model class naming this config class (transformers 4 reads it)
+    model_name = f"{name.removesuffix('Config')}ForCausalLM"
+    model = type(model_name, (RoveForCausalLM,), {"__module__": __name__, "config_class": cls})
     AutoConfig.register(MODEL_TYPE, RoveConfig, exist_ok=True)
-    AutoModelForCausalLM.register(cls, RoveForCausalLM, exist_ok=True)
+    AutoModelForCausalLM.register(cls, model, exist_ok=True)
     return cls
 
 

@@ -75,6 +75,7 @@ def hf_tokenizer(tokenizer: Tokenizer) -> Any:
         pad_token=eot,
         unk_token=None,
         padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],  # no token_type_ids (transformers 4)
     )
 
 
