@@ -92,6 +92,16 @@ def test_modeling_file_is_self_contained():
     assert roots == {"__future__", "math", "torch", "transformers"}
 
 
+def test_modeling_file_choices_are_the_librarys():
+    """The self-contained file restates rove's choices; a new pos or convention must reach it."""
+    from rove.hf import modeling_rove_gpt
+    from rove.model import POSITIONS
+    from rove.rotary import CONVENTIONS
+
+    assert modeling_rove_gpt.POSITIONS == POSITIONS
+    assert modeling_rove_gpt.CONVENTIONS == CONVENTIONS
+
+
 @pytest.mark.parametrize("pos", ["rove", "learned"])
 def test_left_padded_batch_equals_single_rows(tmp_path, pos):
     """Padding with an attention mask (how lm-eval and HF batch generation call it) changes
