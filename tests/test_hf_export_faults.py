@@ -67,6 +67,7 @@ def test_refuses_to_write_into_a_run_folder(tmp_path, capsys):
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
 
 
+@pytest.mark.slow  # a subprocess under ulimit -f: ~7 s; the disk-full test below is the fast one
 def test_file_size_limit_leaves_nothing_half_written(tmp_path):
     """Repro 3: ``(ulimit -f 50; rove export RUN X)`` left a config without weights and a
     traceback; now one line names the folder and X does not exist."""

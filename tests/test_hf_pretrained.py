@@ -55,6 +55,7 @@ FRESH_PROCESS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a second Python importing torch and transformers: ~20 s on 2 busy cores
 def test_round_trip_in_a_fresh_process(tmp_path):
     """convert, save_pretrained, load in a new process: the same logits, by stock
     ``AutoModelForCausalLM`` (remote code) and by ``rove.hf.from_pretrained``."""

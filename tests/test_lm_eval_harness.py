@@ -209,6 +209,26 @@ def converted_llama():
     return rove.hf.convert(tiny_model("llama", "yarn", dtype=torch.float32))
 
 
+def test_hf_rove_model_type_loads_as_rove(tmp_path):
+    """The ``hf-rove`` model (fast check; the CLI test below is slow): a saved converted folder
+    loads as RoVE, ``pos`` converts at load, a bad ``pos`` is named."""
+    from lm_eval.api.registry import get_model
+
+    import rove.eval.lm_eval_model
+    import rove.hf
+
+    model = converted_llama()
+    model.save_pretrained(tmp_path / "rove")
+    char_tokenizer().save_pretrained(tmp_path / "rove")
+    hf_rove = get_model("hf-rove")
+    for pos, expected in ((None, "rove"), ("rope", "rope")):
+        lm = hf_rove(pretrained=str(tmp_path / "rove"), pos=pos, device="cpu", batch_size=1)
+        assert rove.hf.current_pos(lm.model) == expected
+        assert type(lm.model).__name__ == "LlamaForCausalLM"
+    with pytest.raises(ValueError, match="pos must be rove or rope"):
+        hf_rove(pretrained=str(tmp_path / "rove"), pos="nope")
+
+
 @pytest.mark.slow  # five lm-eval runs: about a minute on 2 busy cores
 def test_hf_rove_on_converted_checkpoints(task_dir, tmp_path, monkeypatch):
     """``rove lm-eval --model hf-rove`` through lm-eval's real CLI: a folder saved after
