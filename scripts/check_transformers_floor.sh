@@ -24,10 +24,11 @@ if [ ! -f "$STAMP" ]; then
     BASE=$("$DEV_PYTHON" -c 'import sys; print(sys.base_prefix)')/bin/python3
     "$BASE" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "${PINS[@]}"
-    SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    "$DEV_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$SITE/zz-rove-dev.pth"
     touch "$STAMP"
 fi
+# torch, numpy, safetensors ... from the development environment, after the pinned packages
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$DEV_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$SITE/zz-rove-dev.pth"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
