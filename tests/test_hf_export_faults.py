@@ -53,7 +53,7 @@ def test_replaces_its_own_export_whole(tmp_path, capsys):
     (out / "notes.txt").write_text("mine")  # a file rove did not write makes it foreign
     code, err = export_cli(capsys, run, out)
     assert code == 2 and "(notes.txt)" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out", "run"]
 
 
 def test_refuses_to_write_into_a_run_folder(tmp_path, capsys):
@@ -89,7 +89,7 @@ def test_file_size_limit_leaves_nothing_half_written(tmp_path):
     (line,) = [x for x in proc.stderr.splitlines() if "error" in x or "Traceback" in x]
     assert line.startswith(f"rove export: error: cannot write the export {out}")
     assert "File too large" in line and "nothing was written there" in line
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no X, no temp folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".X.lock", "run"]  # no X, no temp
 
 
 def test_disk_full_keeps_the_previous_export(tmp_path, monkeypatch):
@@ -106,4 +106,21 @@ def test_disk_full_keeps_the_previous_export(tmp_path, monkeypatch):
     with pytest.raises(OSError, match=r"nothing was written there \(the export it holds is"):
         export_model(random_gpt("rove"), out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out"]
+
+
+def test_killed_exports_temp_is_removed_and_a_running_one_is_named(tmp_path):
+    from rove.lock import acquire
+    from rove.terminal import USER_ERRORS
+
+    killed = tmp_path / ".out.tmp-k1ll3d"  # what SIGKILL during an export leaves
+    killed.mkdir()
+    (killed / "config.json").write_text("{}")
+    export_model(random_gpt("rope"), tmp_path / "out")
+    assert not killed.exists()
+    lock = acquire(tmp_path, "test", name=".out.lock")  # another export in progress
+    try:
+        with pytest.raises(USER_ERRORS, match="in use by another process"):
+            export_model(random_gpt("rope"), tmp_path / "out")
+    finally:
+        lock.release()

@@ -33,6 +33,7 @@ from safetensors import SafetensorError
 from rove import run_files
 from rove._version import __version__
 from rove.atomic import check_replaceable, fsync_dir, swap_in, write_json_atomic
+from rove.lock import lock_folder
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
 from rove.terminal import DefaultsFormatter, command, signature_defaults
@@ -46,6 +47,7 @@ AUTO_MAP = {
 }
 EXPORT_MANIFEST = "rove_export.json"  # the files rove wrote: a new export may replace them
 EXPORT_FORMAT = "rove-export"
+_TEMP_PREFIX = ".{}.tmp-"  # the export being written, beside its folder
 
 
 def _full_heads(cfg: GPTConfig, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -231,34 +233,38 @@ def export_model(
     ``remote_code`` forces the self-contained RoVE modeling file for any ``pos``;
     ``max_positions`` sizes the zero position table of a NoPE export (default ``block_size``).
     The folder is written like a checkpoint: complete in a temp folder beside ``out_dir``, then
-    swapped in whole, so ``out_dir`` holds the old export or the new one, never half of one. It
+    swapped in whole, so ``out_dir`` holds the old export or the new one, never half of one (a
+    killed export's temp folder is removed by the next, under a lock beside ``out_dir``). It
     must be new, empty or a rove export (never a folder holding other files, never a run folder).
     """
     out = Path(out_dir)
-    _check_target(out)
+    _check_target(out)  # before the work, and again under the lock
     hf = hf_model(model, remote_code=remote_code, max_positions=max_positions)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the export from other users
+    with lock_folder(out.parent, f"export folder {out}", name=f".{out.name}.lock"):
+        _check_target(out)
+        for stale in out.parent.glob(f"{_TEMP_PREFIX.format(out.name)}*"):  # killed exports'
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+        tmp = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX.format(out.name), dir=out.parent))
         try:
-            _write_export(hf, model.config.vocab_size, tokenizer, tmp)
-        except (OSError, SafetensorError) as err:
-            raise OSError(
-                f"cannot write the export {out} ({err}); nothing was written there"
-                + (" (the export it holds is unchanged)" if out.exists() else "")
-            ) from err
-        _check_target(out)  # another process may have written there since
-        old_files = _export_files(out)
-        old = swap_in(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        for name in old_files or set():
-            (old / name).unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # not empty: something else is there, keep it
-            old.rmdir()
+            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the export from other users
+            try:
+                _write_export(hf, model.config.vocab_size, tokenizer, tmp)
+            except (OSError, SafetensorError) as err:
+                raise OSError(
+                    f"cannot write the export {out} ({err}); nothing was written there"
+                    + (" (the export it holds is unchanged)" if out.exists() else "")
+                ) from err
+            old_files = _export_files(out)
+            old = swap_in(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if old is not None:
+            for name in old_files or set():
+                (old / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # not empty: something else is there, keep it
+                old.rmdir()
     return out
 
 
