@@ -313,9 +313,9 @@ def _export_files(folder: Path) -> set[str] | None:
 
 def _check_target(out: Path) -> None:
     """Refuse to write ``out`` in or over a run folder, or over files rove did not write."""
-    for folder in (out, *out.parents):
-        if (folder / run_files.CONFIG).is_file() and (
-            (folder / run_files.CHECKPOINTS).is_dir() or (folder / run_files.METRICS).is_file()
+    for folder in (out, *out.parents):  # what training writes, whatever the recipe's name
+        if (folder / run_files.CHECKPOINTS / run_files.LATEST).exists() or any(
+            (folder / name).is_file() for name in (run_files.METRICS, run_files.SUMMARY)
         ):
             where = "is" if folder == out else f"is inside {folder}, which is"
             raise ValueError(
