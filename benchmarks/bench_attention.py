@@ -19,7 +19,7 @@ import torch
 
 import harness
 from rove import RoveAttention
-from rove.functional import ATTENTION_POSITIONS
+from rove.functional import POS_CHOICES
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seq", type=int, nargs="+", default=[1024], help="sequence lengths")
     p.add_argument("--heads", type=int, default=8, help="attention heads")
     p.add_argument("--head-dim", type=int, default=64, help="channels per head")
-    p.add_argument("--pos", nargs="+", default=list(ATTENTION_POSITIONS), help="position encodings")
+    p.add_argument("--pos", nargs="+", default=list(POS_CHOICES), help="position encodings")
     p.add_argument(
         "--compile", type=int, nargs="+", default=[0, 1], help="0 eager, 1 torch.compile"
     )

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import harness
-from rove.functional import ATTENTION_POSITIONS
+from rove.functional import POS_CHOICES
 from rove.kernels import split_rotate_qkv, unrotate_output, use_backend
 from rove.layer import RoveAttention
 from rove.rotary import Rotary
@@ -237,14 +237,14 @@ def bench_layers(
         }
         for backend in backends:
             for comp in compiled:
-                for pos in ATTENTION_POSITIONS:
+                for pos in POS_CHOICES:
                     variants[(backend, comp, pos)] = layer_step(pos, backend, comp, seq, bsz, args)
         timings = harness.time_interleaved(variants, **timer_options(args))
         peaks = {k: harness.peak_memory_bytes(fn, args.device) for k, fn in variants.items()}
         sdpa = timings["sdpa"]
         for backend in backends:
             for comp in compiled:
-                t = {m: timings[(backend, comp, m)] for m in ATTENTION_POSITIONS}
+                t = {m: timings[(backend, comp, m)] for m in POS_CHOICES}
                 ratio = harness.paired_ratio(t["rove"], t["rope"])
                 extra = [
                     (a - b) / s
@@ -254,13 +254,9 @@ def bench_layers(
                 ]
                 row = dict(seq=seq, batch=bsz, backend=backend, compiled=comp)
                 row.update(sdpa_ms=sdpa.median * 1e3, rounds=len(sdpa.samples))
-                row.update({f"{m}_ms": t[m].median * 1e3 for m in ATTENTION_POSITIONS})
-                row.update(
-                    {f"{m}_ms_q1_q3": [x * 1e3 for x in t[m].iqr] for m in ATTENTION_POSITIONS}
-                )
-                row.update(
-                    {f"{m}_peak_mb": _mb(peaks[(backend, comp, m)]) for m in ATTENTION_POSITIONS}
-                )
+                row.update({f"{m}_ms": t[m].median * 1e3 for m in POS_CHOICES})
+                row.update({f"{m}_ms_q1_q3": [x * 1e3 for x in t[m].iqr] for m in POS_CHOICES})
+                row.update({f"{m}_peak_mb": _mb(peaks[(backend, comp, m)]) for m in POS_CHOICES})
                 row.update(rove_over_rope=ratio[0], rove_over_rope_q1_q3=list(ratio[1:]))
                 row.update(rove_extra_of_sdpa=statistics.median(extra),
                            rove_extra_of_sdpa_q1_q3=list(harness.quartiles(extra)))  # fmt: skip
@@ -303,7 +299,7 @@ def markdown(args: argparse.Namespace, rot_rows: list[dict], layer_rows: list[di
         lo, hi = r["rove_over_rope_q1_q3"]
         elo, ehi = r["rove_extra_of_sdpa_q1_q3"]
         peaks = "/".join("-" if r[f"{m}_peak_mb"] is None else f"{r[f'{m}_peak_mb']:.0f}"
-                         for m in ATTENTION_POSITIONS)  # fmt: skip
+                         for m in POS_CHOICES)  # fmt: skip
         lines.append(
             f"| {r['seq']} | {r['batch']} | {r['backend']} | {r['compiled']} | "
             f"{r['sdpa_ms']:.2f} | {r['nope_ms']:.2f} | {r['rope_ms']:.2f} | {r['rove_ms']:.2f} | "

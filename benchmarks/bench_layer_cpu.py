@@ -31,7 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from rove import RoveAttention
-from rove.functional import ATTENTION_POSITIONS
+from rove.functional import POS_CHOICES
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heads", type=int, default=8, help="attention heads")
     p.add_argument("--head-dim", type=int, default=64, help="channels per head")
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="weights/activations")
-    p.add_argument("--pos", nargs="+", default=list(ATTENTION_POSITIONS), help="position encodings")
+    p.add_argument("--pos", nargs="+", default=list(POS_CHOICES), help="position encodings")
     p.add_argument("--threads", type=int, default=1, help="torch threads (fixed)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per pos")
     p.add_argument("--rounds", type=int, default=30, help="timed rounds (one step per pos)")

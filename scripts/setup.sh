@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install rove with its test tools. Idempotent and quick when done.
-# On a machine without an NVIDIA driver, torch is pinned to the CPU wheel (requirements/cpu.txt):
-# an unpinned torch would pull a multi-GB CUDA build. With a driver, pip picks the CUDA build.
+# Create .venv (if missing) and install what `rove demo` needs: rove and its core dependencies at
+# the versions of requirements/lock.txt (a pip constraint file: nothing unasked is installed).
+# Idempotent and quick when done. Extras for development and tests: ./scripts/test.sh; for
+# Hugging Face, lm-eval, FineWeb or Triton: .venv/bin/pip install -c requirements/lock.txt -e ".[hf]".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-constraint=()
-command -v nvidia-smi >/dev/null 2>&1 || constraint=(-c requirements/cpu.txt)
-stamp=.venv/.rove-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements/cpu.txt -nt "$stamp" ]; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check "${constraint[@]}" -e ".[dev]"
-    touch "$stamp"
-fi
+# install EXTRAS (a pip extras list, possibly empty) unless the stamp is newer than its inputs
+install() {
+    local stamp=.venv/.rove-installed${1:+-$1}
+    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements/lock.txt -nt "$stamp" ]; then
+        .venv/bin/python -m pip install -q --disable-pip-version-check \
+            -c requirements/lock.txt -e ".${1:+[$1]}"
+        touch "$stamp"
+    fi
+}
+install "${ROVE_EXTRAS:-}"

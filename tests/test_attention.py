@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import rove
 from rove import KVCache, Rotary, RoveAttention, attention, positions_from_doc_ids
+from rove.functional import position_tables, token_positions
 from rove.reference import attentive_convolution, reference_attention
 from rove.rotary import apply_rotary
 
@@ -401,6 +402,25 @@ def test_layer_is_attentive_convolution():
     w_o = m.proj.weight.view(16, 4, 4).permute(1, 0, 2)  # (H, d_out, D)
     y, _ = attentive_convolution(x[0], w[:4], w[4:8], w[8:], w_o, pos="rove", rotary=m.rotary)
     torch.testing.assert_close(m(x)[0], y, rtol=0, atol=1e-12)
+
+
+def test_a_default_length_is_used_without_reading_the_positions():
+    """The default ``arange`` positions carry their length, so dynamic NTK needs no device sync:
+    positions on the meta device (which cannot be read) still give tables."""
+    dyn = Rotary(4, scaling={**DYNAMIC, "original_max_position": 4})
+    at = token_positions(dyn, None, 6, batch=1, device=torch.device("meta"), offset=2)
+    assert at.length == 8
+    (cos, _), (k_cos, _) = position_tables(dyn, torch.float32, at, at)
+    assert cos.shape == (6, 2) and cos.device.type == "meta" and k_cos is cos  # made once
+    cpu = torch.device("cpu")
+    near = token_positions(dyn, None, 6, batch=1, device=cpu, offset=2)  # length 8
+    far = token_positions(dyn, torch.arange(96, 100), 4, batch=1, device=cpu)  # read: 100
+    ((alone, _),) = position_tables(dyn, torch.float64, near)
+    (together, _), _ = position_tables(dyn, torch.float64, near, far)
+    at = torch.arange(2, 8)
+    torch.testing.assert_close(alone, dyn.tables(at, torch.float64)[0], rtol=0, atol=0)
+    torch.testing.assert_close(together, dyn.tables(at, torch.float64, 100)[0], rtol=0, atol=0)
+    assert not torch.equal(alone, together)  # one length for queries and keys: the longest
 
 
 def test_layer_errors():

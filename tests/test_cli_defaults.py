@@ -98,7 +98,7 @@ def test_compare_config_file_then_flags(tmp_path, monkeypatch):
     import rove.compare as compare
 
     seen: list[CompareConfig] = []
-    monkeypatch.setattr(compare, "_run_and_print", lambda prog, cfg, **kw: seen.append(cfg) or 0)
+    monkeypatch.setattr(compare, "run_and_print", lambda prog, cfg, **kw: seen.append(cfg) or 0)
     config = tmp_path / "c.json"
     stored = {"seeds": [5], "title": "T", "train": {"preset": "nano", "lr": 0.1}}
     config.write_text(json.dumps({**stored, "eval": {"ruler": False}}))
@@ -124,7 +124,7 @@ def test_a_compare_config_stored_with_the_old_field_name_loads(tmp_path, monkeyp
     old["positions"] = old.pop("pos")
     (tmp_path / "compare_config.json").write_text(json.dumps(old))
     seen: list[CompareConfig] = []
-    monkeypatch.setattr(compare, "_run_and_print", lambda prog, cfg, **kw: seen.append(cfg) or 0)
+    monkeypatch.setattr(compare, "run_and_print", lambda prog, cfg, **kw: seen.append(cfg) or 0)
     assert compare_main(["--config", str(tmp_path / "compare_config.json")]) == 0
     assert seen[-1] == CompareConfig(pos=["nope", "rope"], baseline="nope")
     assert compare_main(["--config", str(tmp_path / "compare_config.json"), "--pos", "rove"]) == 0
@@ -188,13 +188,13 @@ def test_export_defaults_are_export_run_s(monkeypatch):
     assert kwargs == _defaults(export.export_run)
 
 
-def test_generate_defaults_are_generate_text_s(monkeypatch):
+def test_generate_defaults_are_generate_samples_s(monkeypatch):
     import rove.generate as generate
 
     argv = ["run", "--prompt", "a"]
-    kwargs = _called_with(monkeypatch, generate, "generate_text", generate.main, argv)
+    kwargs = _called_with(monkeypatch, generate, "generate_samples", generate.main, argv)
     set_by_the_command = {"device": resolve_device("auto"), "out": sys.stdout}
-    assert kwargs == {**_defaults(generate.generate_text), **set_by_the_command}
+    assert kwargs == {**_defaults(generate.generate_samples), **set_by_the_command}
 
 
 def test_data_prepare_takes_the_tokenizers_of_rove_train_or_a_local_one():

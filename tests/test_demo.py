@@ -5,10 +5,21 @@ Run: pytest tests/test_demo.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 from rove.cli import main
+from rove.demo import (
+    BUDGET_MINUTES,
+    EVAL_COST_TOKENS,
+    MIN_STEPS,
+    QUICK_TRAIN,
+    demo_config,
+    estimate_seconds,
+    fit_to_budget,
+    probe_tokens_per_second,
+)
 
 
 def test_demo_quick_end_to_end_and_resume(tmp_path, monkeypatch):
@@ -45,3 +56,55 @@ def test_demo_quick_end_to_end_and_resume(tmp_path, monkeypatch):
     assert main(["demo", "--quick", "--no-progress", "--out", str(out)]) == 0
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")} == stamps
     assert json.loads((out / "results.json").read_text())["runs"] == runs
+
+
+# --- sized for the machine: the probe, the ETA and the budget ---------------------------------
+def test_the_recipe_fits_the_slowest_machine_measured():
+    """The arithmetic of benchmarks/RESULTS.md: a 2-core AVX2-only EPYC trains the demo model
+    in fp32 at ~9k tokens/s and evaluates one in ~40 s; the demo must fit its budget there
+    without being shortened, so its numbers are the same as on faster machines."""
+    cfg = demo_config()
+    assert estimate_seconds(cfg, 9_000) <= BUDGET_MINUTES * 60
+    assert fit_to_budget(cfg, 9_000, BUDGET_MINUTES * 60) == cfg
+    per_model_eval = EVAL_COST_TOKENS / 9_000
+    assert 35 <= per_model_eval <= 45  # the measured ~40 s
+
+
+def test_a_slow_machine_trains_fewer_steps_and_the_title_says_so():
+    cfg = demo_config()
+    slow = fit_to_budget(cfg, 6_000, BUDGET_MINUTES * 60)
+    assert MIN_STEPS <= slow.train["max_steps"] < cfg.train["max_steps"]
+    assert estimate_seconds(slow, 6_000) <= BUDGET_MINUTES * 60
+    assert f"shortened to {slow.train['max_steps']} of 160 steps" in slow.title
+    assert {k: v for k, v in slow.train.items() if k != "max_steps"} == {
+        k: v for k, v in cfg.train.items() if k != "max_steps"
+    }
+    crawling = fit_to_budget(cfg, 100, BUDGET_MINUTES * 60)
+    assert crawling.train["max_steps"] == MIN_STEPS  # over budget rather than untrained
+    assert fit_to_budget(cfg, 100, 0) == cfg  # --budget 0: never shortened
+
+
+def test_a_demo_folder_resumes_the_recipe_it_started_with(tmp_path, monkeypatch, capsys):
+    """A second `rove demo` on a slower (or busier) moment must not change the recipe and so
+    refuse or retrain the finished runs."""
+    import rove.demo as demo
+
+    out = tmp_path / "demo"
+    seen: list = []
+    monkeypatch.setattr(demo, "run_and_print", lambda prog, cfg, **kw: seen.append(cfg) or 0)
+    monkeypatch.setattr(demo, "probe_tokens_per_second", lambda train: 6_000.0)
+    assert main(["demo", "--out", str(out), "--no-progress"]) == 0
+    first = seen[-1]
+    assert first.train["max_steps"] < 160 and "about 13 min" in capsys.readouterr().out
+    out.mkdir()
+    (out / "compare_config.json").write_text(json.dumps(dataclasses.asdict(first)))
+    monkeypatch.setattr(demo, "probe_tokens_per_second", lambda train: 50_000.0)
+    assert main(["demo", "--out", str(out), "--no-progress"]) == 0
+    assert seen[-1] == first
+    assert "resuming the recipe this folder started with" in capsys.readouterr().out
+    assert main(["demo", "--out", str(out), "--no-progress", "--force"]) == 0
+    assert seen[-1].train["max_steps"] == 160  # --force: a fresh recipe for this machine
+
+
+def test_the_probe_measures_a_training_step():
+    assert probe_tokens_per_second(QUICK_TRAIN, steps=1, warmup=1) > 0

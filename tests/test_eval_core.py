@@ -24,6 +24,8 @@ from rove.eval.core import (
 from rove.eval.scoring import ChoiceItem, CompletionItem
 from test_eval_mocks import ByteTokenizer, TableLM
 
+REAL_ROWS = Path(__file__).parent / "fixtures" / "core_bundle"  # see its README.md
+
 PAPER_TASKS = {
     "hellaswag_zeroshot", "hellaswag", "jeopardy", "bigbench_qa_wikidata", "arc_easy",
     "arc_challenge", "copa", "commonsense_qa", "piqa", "openbook_qa", "lambada_openai", "winograd",
@@ -87,6 +89,30 @@ def test_parse_icl_tasks_yaml() -> None:
     ]
 
 
+def test_core_yaml_is_read_as_yaml() -> None:
+    """Block lists, anchors and flow mappings: YAML the old hand-written reader misread."""
+    text = (
+        "defaults: &shots\n  num_fewshot:\n    - 10\n"
+        "icl_tasks:\n"
+        "  - {label: copa, dataset_uri: copa.jsonl, icl_task_type: multiple_choice}\n"
+        "  - <<: *shots\n    label: piqa\n    dataset_uri: piqa.jsonl\n"
+        "    icl_task_type: multiple_choice\n"
+    )
+    assert parse_icl_tasks_yaml(text) == [
+        {"label": "copa", "dataset_uri": "copa.jsonl", "icl_task_type": "multiple_choice"},
+        {
+            "num_fewshot": [10],
+            "label": "piqa",
+            "dataset_uri": "piqa.jsonl",
+            "icl_task_type": "multiple_choice",
+        },
+    ]
+    with pytest.raises(ValueError, match="not valid YAML"):
+        parse_icl_tasks_yaml("icl_tasks: [\n")
+    with pytest.raises(ValueError, match="icl_tasks"):
+        parse_icl_tasks_yaml("icl_tasks: 3\n")
+
+
 def _write_bundle(root: Path, with_yaml: bool = True) -> None:
     data = {
         "misc/toy_mc.jsonl": [
@@ -148,7 +174,7 @@ def test_evaluate_core_on_fake_bundle(tmp_path: Path) -> None:
         _biased_model(), ByteTokenizer(), tmp_path, tasks=["toy_mc"], max_per_task=1, progress=False
     )
     assert list(sub["tasks"]) == ["toy_mc"] and sub["tasks"]["toy_mc"]["n_items"] == 1
-    with pytest.raises(ValueError, match="unknown CORE tasks"):
+    with pytest.raises(ValueError, match="unknown CORE task"):
         evaluate_core(_biased_model(), ByteTokenizer(), tmp_path, tasks=["nope"], progress=False)
 
 
@@ -170,6 +196,9 @@ def test_missing_bundle_and_bad_rows(tmp_path: Path) -> None:
         "icl_tasks:\n- label: gsm\n  dataset_uri: x.jsonl\n  icl_task_type: question_answering\n"
     )
     with pytest.raises(ValueError, match="question_answering"):
+        load_bundle(tmp_path)
+    (tmp_path / "core.yaml").write_text("icl_tasks:\n- label: gsm\n")
+    with pytest.raises(ValueError, match=r"entry 1 has no \['dataset_uri'\]"):
         load_bundle(tmp_path)
     bad = tmp_path / "eval_data" / "x" / "bad.jsonl"
     bad.parent.mkdir()
@@ -200,3 +229,47 @@ def test_few_shot_prompts() -> None:
     assert lm == [CompletionItem("c ", "d")]
     with pytest.raises(ValueError):
         core_score({})
+
+
+def _uniform_bytes(block_size: int = 128) -> TableLM:
+    """A byte-level model like the demo's, that refuses inputs longer than its window."""
+    return TableLM(torch.zeros(257, 257), block_size=block_size, max_positions=block_size)
+
+
+def test_real_gauntlet_rows_run_and_count_what_did_not_fit() -> None:
+    """The LLM Foundry rows that stopped CORE (piqa's 300+ byte choices, repeat_copy_logic's
+    140-token continuation at block 128) are scored wrong and counted; long few-shot prompts are
+    cut to the window; the 17 tasks without a file are named, the 5 present run."""
+    model = _uniform_bytes()
+    out = evaluate_core(model, ByteTokenizer(), REAL_ROWS, progress=False)
+    tasks = out["tasks"]
+    assert set(tasks) == {
+        "copa",
+        "piqa",
+        "winograd",
+        "lambada_openai",
+        "bigbench_repeat_copy_logic",
+    }
+    assert out["complete"] is False and len(out["missing"]) == 17
+    assert out["missing"]["hellaswag"] == "eval_data/language_understanding/hellaswag.jsonl"
+    assert tasks["piqa"]["n_too_long"] == 2 and tasks["piqa"]["n_items"] == 4
+    assert tasks["bigbench_repeat_copy_logic"]["n_too_long"] == 2
+    # 10-shot prompts (here 3 shots: the other rows) overflow 128 bytes: cut, still scored
+    assert tasks["piqa"]["n_cut"] == 2 and tasks["bigbench_repeat_copy_logic"]["n_cut"] == 2
+    assert tasks["copa"]["n_cut"] == tasks["copa"]["n_too_long"] == 0  # zero-shot, short
+    assert tasks["lambada_openai"]["n_cut"] == 3  # 170+ byte contexts
+    # a too-long item counts as wrong: accuracy is over all items
+    assert tasks["bigbench_repeat_copy_logic"]["accuracy"] == 0.0
+    # like LLM Foundry, context + continuation fit block_size: the input is one token less
+    assert max(width for _, width in model.forward_shapes) == 127
+    assert out["window"] == 128
+
+
+def test_core_task_selection_and_a_bundle_without_task_files(tmp_path: Path) -> None:
+    out = evaluate_core(
+        _uniform_bytes(), ByteTokenizer(), REAL_ROWS, tasks=["winograd", "copa"], progress=False
+    )
+    assert list(out["tasks"]) == ["copa", "winograd"] and out["missing"] == {}
+    (tmp_path / "eval_data").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"none of the 22 CORE task file\(s\)"):
+        evaluate_core(_uniform_bytes(), ByteTokenizer(), tmp_path, progress=False)

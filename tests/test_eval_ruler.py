@@ -144,8 +144,9 @@ def test_token_array_haystack_and_errors() -> None:
         ids += [*TOK.encode(text), TOK.eot_token]
     samples = ruler.generate("niah_single_2", 2, 300, TOK, np.asarray(ids), seed=0)
     assert all(s.n_prompt_tokens + s.max_new_tokens <= 300 for s in samples)
-    with pytest.raises(ValueError, match="cannot fit"):
+    with pytest.raises(ValueError, match=r"niah_single_2 prompt does not fit in 120 tokens") as err:
         ruler.generate("niah_single_2", 1, 120, TOK, CORPUS, seed=0)
+    assert "length_tokens" not in str(err.value) and "--ruler-lengths" in str(err.value)
     with pytest.raises(ValueError, match="unknown RULER task"):
         ruler.generate("niah_9", 1, 300, TOK, CORPUS, seed=0)
 
@@ -207,7 +208,7 @@ def test_evaluate_ruler_scaling_and_length_errors() -> None:
     assert set(model.scaling_calls) == {("yarn", 2.0), ("yarn", 2.5)}
     assert res[320]["error"] is None
     assert res[400]["nll"] is None and "positions" in res[400]["error"]
-    assert "cannot fit" in res[160]["error"]  # too short for the prompt: recorded, not raised
+    assert "does not fit in 160 tokens" in res[160]["error"]  # recorded, not raised
     assert out["group_nll"]["NIAH"] == {160: None, 320: pytest.approx(math.log(257)), 400: None}
 
 

@@ -24,6 +24,7 @@ from rove.eval.scoring import (
     scaling_factor,
     score_continuations,
     substring_match,
+    window_fit,
 )
 from test_eval_mocks import ByteTokenizer, CopyLM, TableLM, WordTokenizer
 
@@ -128,7 +129,32 @@ def test_evaluate_items_mc_and_lm() -> None:
         CompletionItem("say abc say", " abc"),
         CompletionItem("say abc say", " abd"),
     ]
-    assert evaluate_items(model, tok, items) == [True, False, True, False]
+    results = evaluate_items(model, tok, items)
+    assert [r.correct for r in results] == [True, False, True, False]
+    assert {r.fit for r in results} == {"whole"}
+
+
+def test_evaluate_items_counts_cut_and_too_long_items_never_aborts() -> None:
+    """An item whose continuation cannot fit the window is wrong (not an error); a long context
+    is cut from the left and still scored."""
+    tok = ByteTokenizer()
+    model = CopyLM()
+    items = [
+        CompletionItem("x" * 40 + " say abc say", " abc"),  # cut, still right
+        ChoiceItem((("key 42 key", " 42"), ("key 42 key", " 4" * 20)), 0),  # one option too long
+        CompletionItem("say", " " + "a" * 30),  # too long
+        CompletionItem("say abc say", " abc"),
+    ]
+    results = evaluate_items(model, tok, items, max_len=16)
+    assert [(r.correct, r.fit) for r in results] == [
+        (True, "cut"),
+        (False, "too_long"),
+        (False, "too_long"),
+        (True, "whole"),
+    ]
+    assert window_fit(([1] * 10, [2] * 7), 16) == "whole"  # 16 inputs: the last token is not
+    assert window_fit(([1] * 10, [2] * 8), 16) == "cut"
+    assert window_fit(([1], [2] * 17), 16) == "too_long"
 
 
 def test_greedy_generate_groups_equal_lengths() -> None:

@@ -66,13 +66,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The subprocesses run one thread (OMP_NUM_THREADS=1); in-process runs must match."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -256,14 +256,14 @@ def test_binary_and_undecodable_files_are_skipped_and_reported(tmp_path, caplog)
     (tmp_path / "d.json").write_text("{}")
     (tmp_path / "e.bin").write_bytes(b"\0")
     report = CorpusReport()
-    with caplog.at_level(logging.WARNING, logger="rove.data"):
+    with caplog.at_level(logging.DEBUG, logger="rove.data"):
         docs = list(iter_documents(str(tmp_path), report=report))
     assert docs == ["good text"]
-    assert [Path(p).name for p in report.undecodable] == ["b.txt"]
-    assert [Path(p).name for p in report.binary] == ["c.py"]
+    assert report.undecodable == ["b.txt"] and report.binary == ["c.py"]  # relative paths
     assert dict(report.other_extensions) == {".json": 1, ".bin": 1}
     assert "b.txt" in caplog.text and "c.py" in caplog.text
-    assert "1 not decodable" in report.summary() and "1 *.json" in report.summary()
+    assert "1 not decodable (b.txt)" in report.summary()
+    assert "2 of other types (*.bin 1, *.json 1)" in report.summary()
     latin = list(iter_documents(str(tmp_path / "b.txt"), encoding="latin-1"))
     assert latin == ["café"]
     with pytest.raises(ValueError, match="unknown encoding"):
@@ -284,7 +284,7 @@ def test_walker_stays_inside_the_tree(tmp_path, caplog):
     (tree / "again.txt").symlink_to(tree / "sub" / "b.txt")  # inside: allowed
     (tree / "outdir").symlink_to(tmp_path, target_is_directory=True)  # folders: not followed
     report = CorpusReport()
-    with caplog.at_level(logging.WARNING, logger="rove.data"):
+    with caplog.at_level(logging.DEBUG, logger="rove.data"):
         docs = list(iter_documents(str(tree), report=report))
     assert "SECRET" not in docs
     assert docs == ["inside A", "inside B", "inside B"]
@@ -294,6 +294,25 @@ def test_walker_stays_inside_the_tree(tmp_path, caplog):
     out = prepare(tree, tmp_path / "out", val_fraction=0.5)
     corpus = load_manifest(out)["corpus"]
     assert corpus["skipped_links"] == 2 and corpus["files"] == 3
+
+
+def test_first_run_summary_is_one_short_line_of_relative_paths(tmp_path, caplog):
+    """Seen: the first `rove train` on a full stdlib printed absolute paths of undecodable files
+    and a ~1,000-character line of skipped extensions."""
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "a.txt").write_text("good text")
+    for i in range(5):
+        (tmp_path / "deep" / "er" / f"bad{i}.txt").write_bytes("é".encode("latin-1"))
+    for i in range(40):
+        (tmp_path / f"f{i}.ext{i}").write_text("x")
+    report = CorpusReport()
+    with caplog.at_level(logging.INFO, logger="rove.data"):
+        assert list(iter_documents(str(tmp_path), report=report)) == ["good text"]
+    assert caplog.text == ""  # per-file lines only at debug level
+    line = report.summary()
+    assert str(tmp_path) not in line and len(line) < 200, line
+    assert "5 not decodable (deep/er/bad0.txt, deep/er/bad1.txt and 3 more)" in line
+    assert "40 of other types (" in line and "36 more kinds" in line
 
 
 def test_prepare_cli_reports_skipped_files(tmp_path, capsys):

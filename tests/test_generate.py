@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 import torch
 
 from rove.data import get_tokenizer
-from rove.generate import filter_logits, generate_text, main, sample_next
+from rove.generate import filter_logits, generate_samples, generate_text, main, sample_next
 from rove.model import GPT, GPTConfig
 from run_folders import save_byte_run
 
@@ -89,3 +90,122 @@ def test_sampling_is_seeded_and_yarn_applies(run_dir, tmp_path, capsys):
     assert main([str(run), "--prompt", "ab", "--yarn-factor", "0.5"]) == 2
     assert "yarn_factor must be > 1" in capsys.readouterr().err
     assert main([str(tmp_path / "missing"), "--prompt", "ab"]) == 2
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generate_under_dynamic_ntk_equals_one_forward_over_the_final_sequence(use_cache):
+    """Dynamic NTK's frequencies follow the length; ``GPT.generate`` pins them to prompt + new
+    tokens, the length of a plain forward over the final sequence. So every generated token is
+    the argmax of that one uncached forward at the position before it. The prompt is already past
+    the training length, so a pin at the prompt length alone gives other frequencies (and other
+    tokens), cached or not."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=32, pos="rove")
+    model = GPT(cfg).eval().double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    prompt = torch.randint(0, 64, (2, 12))
+    with model.rope_scaling("dynamic-ntk", 4.0):
+        out = model.generate(prompt, 12, use_cache=use_cache)  # final length 24 = 3 x 8
+        with torch.no_grad():
+            full = model(out)  # unpinned: the length of this forward, 24
+    assert torch.equal(out[:, 12:], full[:, 11:-1].argmax(-1))
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),
+        (["--temperature", "inf"], "temperature must be a finite number >= 0, got inf"),
+        (["--top-p", "nan"], "top_p must be in (0, 1], got nan"),
+        (["--top-k", "0"], "top_k must be >= 1"),
+        (["--max-tokens", "0"], "max_tokens must be >= 1"),
+        (["--num-samples", "0"], "num_samples must be >= 1"),
+        (["--device", "tpu"], "device 'tpu' cannot be used here"),
+    ],
+)
+def test_bad_settings_are_one_line_before_loading(run_dir, capsys, flags, needle):
+    run, _ = run_dir
+    assert main([str(run), "--prompt", "ab", *flags]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [lines[-1]] and lines[-1].startswith("rove generate: error: "), err
+    assert needle in lines[-1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_this_machine_lacks_is_one_line(run_dir, capsys):
+    assert main([str(run_dir[0]), "--prompt", "ab", "--device", "cuda"]) == 2
+    assert "device 'cuda' cannot be used here" in capsys.readouterr().err
+
+
+def test_a_huge_budget_allocates_the_cache_as_it_goes(run_dir, monkeypatch):
+    """``--max-tokens 1000000000`` once allocated a 256 GB cache up front: the cache now grows
+    with the tokens (and growing keeps every cached entry: logits equal an uncached forward)."""
+    import rove.generate as gen
+    from rove.kv_cache import KVCache
+
+    _, model = run_dir
+    sizes: list[int] = []
+
+    class Recording(KVCache):
+        def __init__(self, *args, **kwargs):
+            sizes.append(args[4])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr("rove.kv_cache.KVCache", Recording)
+    monkeypatch.setattr(gen, "CACHE_CHUNK", 2)
+    step = gen._rove_steps(model, 10**9)
+    ids = torch.randint(0, 257, (1, 24))
+    with torch.no_grad():
+        logits = [step(ids[:, :3])] + [step(ids[:, t : t + 1]) for t in range(3, 24)]
+        full = model(ids)[0]
+    torch.testing.assert_close(torch.stack(logits), full[2:], rtol=1e-5, atol=1e-5)
+    assert sizes == [5, 10, 20, 40]  # 3 + 2, then doubled as it filled
+
+
+def test_learned_positions_refuse_a_budget_past_the_table(tmp_path, capsys):
+    cfg = GPTConfig(vocab_size=257, block_size=16, n_layer=1, n_head=2, n_embd=16, pos="learned")
+    run = save_byte_run(tmp_path / "run", GPT(cfg).eval())
+    assert main([str(run), "--prompt", "ab", "--max-tokens", "1000000000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "1000000000 new tokens exceed this model's 16 learned positions" in err
+
+
+def test_num_samples_and_prompts_from_a_file_or_stdin(run_dir, tmp_path, capsys, monkeypatch):
+    run, _ = run_dir
+    sample = ["--max-tokens", "6", "--temperature", "1", "--seed", "5"]
+    assert main([str(run), "--prompt", "ab", "--num-samples", "3", *sample]) == 0
+    out = capsys.readouterr().out
+    expected = generate_samples(run, "ab", max_tokens=6, temperature=1, seed=5, num_samples=3)
+    assert out == "\n---\n".join(expected) + "\n"
+    assert len(set(expected)) > 1  # one seed, three different draws
+    (tmp_path / "p.txt").write_text("ab\n")  # one final newline is not part of the prompt
+    assert main([str(run), "--prompt-file", str(tmp_path / "p.txt"), *sample]) == 0
+    assert capsys.readouterr().out == expected[0] + "\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO("ab"))
+    assert main([str(run), "--prompt", "-", *sample]) == 0
+    assert capsys.readouterr().out == expected[0] + "\n"
+    with pytest.raises(SystemExit):  # one prompt source only
+        main([str(run), "--prompt", "ab", "--prompt-file", str(tmp_path / "p.txt")])
+
+
+def test_an_export_samples_with_hf_generate_and_its_generation_config(run_dir, tmp_path):
+    pytest.importorskip("transformers")
+    from rove.hf.export import export_run
+
+    run, _ = run_dir
+    export = tmp_path / "export"
+    export_run(run, export)
+    config = json.loads((export / "generation_config.json").read_text())
+    (export / "generation_config.json").write_text(json.dumps({**config, "max_new_tokens": 3}))
+    greedy3 = generate_text(run, "hello", max_tokens=3, temperature=0)
+    assert generate_text(export, "hello") == greedy3  # greedy, 3 tokens: from the file
+    assert generate_text(export, "hello", max_tokens=5, temperature=0) == generate_text(
+        run, "hello", max_tokens=5, temperature=0
+    )  # flags override it
+    kwargs = dict(max_tokens=8, temperature=1.0, seed=1, num_samples=2)
+    assert generate_samples(export, "hello", **kwargs) == generate_samples(
+        export, "hello", **kwargs
+    )

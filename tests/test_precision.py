@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rove import precision
-from rove.compare import DEMO_TRAIN
+from rove.demo import DEMO_TRAIN
 from rove.precision import autocast_dtype, describe_precision, resolve_dtype
 from rove.train import TrainConfig
 

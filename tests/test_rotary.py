@@ -237,6 +237,11 @@ class TestScaling:
         assert tuple(k for k in SCHEDULES if k != "default") == SCALING_KINDS
         assert model_kinds is SCALING_KINDS
 
+    def test_schedules_are_read_only(self):
+        """A kind added at run time would bypass SCALING_KINDS, which is fixed at import."""
+        with pytest.raises(TypeError):
+            SCHEDULES["mine"] = SCHEDULES["linear"]  # type: ignore[index]
+
 
 class TestRotaryValidation:
     @pytest.mark.parametrize(

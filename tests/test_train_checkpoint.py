@@ -27,15 +27,7 @@ from rove.checkpoint import (
 )
 from rove.model import GPT, get_preset
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Nano models are too small to gain from threads, and on a shared machine the OpenMP
-    barrier of a second thread can cost 50x; one thread keeps these tests fast and steady."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def make_trained(seed: int = 0) -> tuple[GPT, torch.optim.AdamW]:

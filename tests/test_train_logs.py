@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import logging
 
-import pytest
-import torch
-
 from rove.train import TrainConfig, train
 from rove.train.metrics import eval_line, read_metrics
 
@@ -24,14 +21,6 @@ def test_eval_line_format() -> None:
     )
     first = eval_line(0, 400, loss=None, val_loss=5.5, tok_per_s=None, elapsed_s=0, eta_s=None)
     assert "train loss n/a" in first and "ETA n/a" in first and first.startswith("step   0/400")
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_a_line_per_validation_and_no_preparing_when_cached(

@@ -18,15 +18,7 @@ from rove.train import loop as loop_module
 from rove.train.cli import main
 from rove.train.metrics import read_metrics
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Nano models are too small to gain from threads, and on a shared machine the OpenMP
-    barrier of a second thread can cost 50x; one thread keeps these tests fast and steady."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

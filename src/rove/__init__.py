@@ -17,7 +17,7 @@ from rove._version import __version__
 
 if TYPE_CHECKING:
     from rove.functional import (
-        ATTENTION_POSITIONS,
+        POS_CHOICES,
         attention,
         document_mask,
         positions_from_doc_ids,
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from rove.rotary import Rotary, Scaling, apply_rotary, convert_convention
 
 _HOME = {
-    "ATTENTION_POSITIONS": "rove.functional",
+    "POS_CHOICES": "rove.functional",
     "attention": "rove.functional",
     "document_mask": "rove.functional",
     "positions_from_doc_ids": "rove.functional",
@@ -40,7 +40,7 @@ _HOME = {
 }
 
 __all__ = [
-    "ATTENTION_POSITIONS",
+    "POS_CHOICES",
     "KVCache",
     "Rotary",
     "RoveAttention",

@@ -11,7 +11,7 @@ import logging
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("rove.compare", "RoPE vs RoVE on the embedded CPU corpus: train, evaluate, report"),
+    "demo": ("rove.demo", "RoPE vs RoVE on the embedded CPU corpus: train, evaluate, report"),
     "compare": ("rove.compare", "train and evaluate several position encodings over seeds, report"),
     "train": ("rove.train.cli", "train a GPT-2 style model (torchrun for many GPUs)"),
     "eval": ("rove.eval.suite", "evaluate a checkpoint: perplexity vs length, RULER, ICL, CORE"),
@@ -22,7 +22,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lm-eval": ("rove.eval.lm_eval_adapter", "lm-eval's CLI with the `rove` model type (run dirs)"),
     "generate": ("rove.generate", "sample text from a run or export folder, streamed"),
 }
-ENTRY = {"demo": "demo_main"}
 
 
 def usage() -> str:
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     # progress messages (e.g. a line per validation when not on a terminal) go to stderr
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     module = importlib.import_module(COMMANDS[command][0])
-    return int(getattr(module, ENTRY.get(command, "main"))(rest) or 0)
+    return int(module.main(rest) or 0)
 
 
 if __name__ == "__main__":

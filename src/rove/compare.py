@@ -1,5 +1,4 @@
-"""``rove compare`` and ``rove demo``: train position encodings side by side over seeds, evaluate,
-report.
+"""``rove compare``: train position encodings side by side over seeds, evaluate, report.
 
 Every run of a comparison shares the data, the token budget and the recipe; runs with the same
 seed also share the initialisation and the data order, so per-seed differences are *paired*.
@@ -20,8 +19,7 @@ field's; a ``--config`` file (e.g. a comparison's own ``compare_config.json``) r
 defaults, and the flags given override it. Configs stored under older field names still load
 (``RENAMED_FIELDS``).
 
-``rove demo`` is ``compare`` with the embedded CPU default: tiny RoPE and RoVE models on the
-Python standard library's source (byte tokenizer, no download), three seeds each.
+``rove demo`` (``rove.demo``) is a comparison with the embedded CPU default.
 """
 
 from __future__ import annotations
@@ -67,9 +65,8 @@ __all__ = [
     "build_parser",
     "config_from_args",
     "config_from_dict",
-    "demo_config",
-    "demo_main",
     "main",
+    "run_and_print",
     "run_compare",
 ]
 
@@ -265,114 +262,12 @@ def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) 
     return write_report(results, out)
 
 
-# The embedded CPU default: about 2 minutes of training per model on 2 cores (tiny preset,
-# 400 steps x 4096 byte tokens = 1.6M tokens); 6 models and their evaluation took 12-13 min on
-# 2-core EPYCs (benchmarks/RESULTS.md), the goal being 20 min on any 2-core x86 CPU.
-DEMO_TRAIN: dict[str, Any] = dict(
-    preset="tiny",
-    data="stdlib",
-    tokenizer="byte",
-    data_max_tokens=6_000_000,
-    seq_len=128,
-    micro_batch=32,
-    tokens_per_step=4096,
-    max_steps=400,
-    lr=3e-3,
-    warmup_steps=40,
-    eval_interval=50,
-    eval_tokens=32768,
-    checkpoint_interval=200,
-    dtype="auto",  # bf16 only where native: emulated bf16 made the demo ~70x slower
-)
-# The smoke version for tests: nano models and a few steps (about 10 s per model).
-QUICK_TRAIN: dict[str, Any] = {
-    **DEMO_TRAIN,
-    "preset": "nano",
-    "data_max_tokens": 400_000,
-    "seq_len": 32,
-    "micro_batch": 8,
-    "tokens_per_step": 256,
-    "max_steps": 30,
-    "warmup_steps": 5,
-    "eval_interval": 15,
-    "eval_tokens": 2048,
-    "checkpoint_interval": 0,
-    "dtype": "fp32",
-}
-# RULER tasks whose byte-level prompts fit 4x the demo's training length (512 bytes)
-DEMO_RULER_TASKS = [
-    "niah_single_1",
-    "niah_single_2",
-    "niah_multikey_1",
-    "niah_multivalue",
-    "vt",
-    "fwe",
-]
-
-
-# where the demo writes, unless --out says otherwise
-DEMO_OUT = "runs/demo"
-QUICK_DEMO_OUT = "runs/demo-quick"
-
-
-def demo_config(quick: bool = False, out_dir: str | None = None) -> CompareConfig:
-    """The embedded CPU default: tiny byte-level models on the stdlib corpus, 3 seeds.
-
-    ``quick`` is a smoke version (nano models, a few steps, a slim evaluation) for tests.
-    """
-    if quick:
-        ev = EvalConfig(
-            ppl_tokens=2048,
-            ppl_multiples=[1, 2, 4],
-            ruler_tasks=["niah_single_1", "vt"],
-            ruler_lengths=[512],
-            ruler_samples=2,
-            icl_tasks=["kv_recall_mc", "count_mc"],
-            icl_items=8,
-            icl_max_tokens=128,
-        )
-        return CompareConfig(
-            seeds=[0, 1], out_dir=out_dir or QUICK_DEMO_OUT, train=dict(QUICK_TRAIN), eval=ev,
-            title="RoPE vs RoVE: quick smoke demo",
-        )  # fmt: skip
-    ev = EvalConfig(
-        ppl_tokens=32768,
-        ruler_tasks=list(DEMO_RULER_TASKS),
-        ruler_multiples=[4],
-        ruler_samples=10,
-        icl_items=40,
-    )
-    return CompareConfig(
-        out_dir=out_dir or DEMO_OUT, train=dict(DEMO_TRAIN), eval=ev,
-        title="RoPE vs RoVE on the embedded CPU corpus (rove demo)",
-    )  # fmt: skip
-
-
 def _print_done(report: Path) -> None:
     results = json.loads((report.parent / run_files.RESULTS).read_text())
     print(
         f"\nwrote {report} and {report.parent / run_files.RESULTS} ({results['wall_time_s']:.0f} s)"
     )
     print("\n".join(findings(results)))
-
-
-@command("rove demo")
-def demo_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="rove demo",
-        description="Train tiny RoPE and RoVE models on the embedded corpus (no download), "
-        f"evaluate them and write {DEMO_OUT}/report.md. About 15 minutes on 2 CPU cores.",
-        formatter_class=DefaultsFormatter,
-    )
-    p.add_argument(
-        "--quick", action="store_true", help="smoke version: nano models, under a minute"
-    )
-    p.add_argument("--out", help=f"output folder; default: {DEMO_OUT}, or {QUICK_DEMO_OUT}")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--force", action="store_true", help="retrain runs made with another config")
-    args = p.parse_args(argv)
-    cfg = demo_config(args.quick, args.out)
-    return _run_and_print("rove demo", cfg, progress=not args.no_progress, force=args.force)
 
 
 # Older names of CompareConfig fields, still read from a config stored before the rename: a
@@ -495,10 +390,10 @@ def main(argv: list[str] | None = None) -> int:
             raise FileNotFoundError(f"no {results_file}: run the comparison first")
         print(f"wrote {write_report(json.loads(results_file.read_text()), cfg.out_dir)}")
         return 0
-    return _run_and_print("rove compare", cfg, progress=not args.no_progress, force=args.force)
+    return run_and_print("rove compare", cfg, progress=not args.no_progress, force=args.force)
 
 
-def _run_and_print(prog: str, cfg: CompareConfig, *, progress: bool, force: bool) -> int:
+def run_and_print(prog: str, cfg: CompareConfig, *, progress: bool, force: bool) -> int:
     """``run_compare`` for a command line; an interrupted run says how to continue."""
     try:
         report = run_compare(cfg, progress=progress, force=force)

@@ -1,11 +1,27 @@
-"""Functional attention with a position encoding: ``nope``, ``rope`` or ``rove``.
+"""The RoVE attention forward, written once: position encoding ``nope``, ``rope`` or ``rove``.
 
     y_i = R_(-p_i) sum_j A_ij R_(p_j) v_j = sum_j A_ij R_(p_j - p_i) v_j        (rove)
+    A_ij = softmax_j(scale * <R_(p_i) q_i, R_(p_j) k_j>)                        (rope, rove)
 
 RoVE rotates each value by its key's rotation, runs *ordinary* attention, and rotates the output
-back into the query's frame. Both rotations sit outside the attention kernel, so this module
-hands the rotated tensors to ``torch.nn.functional.scaled_dot_product_attention`` unchanged
-(FlashAttention / memory-efficient backends on GPU).
+back into the query's frame. Both rotations sit outside the attention kernel, so the rotated
+tensors go to ``torch.nn.functional.scaled_dot_product_attention`` unchanged (FlashAttention /
+memory-efficient backends on GPU).
+
+The forward is a pipeline of steps, one function each, shared by ``attention`` (separate q, k,
+v), ``rove.layer.RoveAttention`` (a fused QKV projection and a KV cache) and ``rove.model.GPT``:
+
+1. ``token_positions``: the positions, default ``offset .. offset + T - 1``, checked;
+2. ``position_tables``: their cos/sin tables, with dynamic NTK's length over all of them;
+3. ``packing_mask``: no attention across the documents of packed sequences;
+4. ``rotate`` (separate q, k, v) or ``rotate_qkv`` (a fused projection): ``R_p`` on q, k and
+   (rove) v;
+5. ``logit_temperature``: the schedule's logit scale (YaRN temperature);
+6. ``attend``: plain SDPA, GQA included;
+7. ``unrotate``: RoVE's ``R_(-p_i)`` on the output.
+
+Steps 4 and 7 are the only calls into ``rove.kernels`` (fused Triton on CUDA, pure torch on CPU);
+``rove.reference`` computes the same contract pair by pair in float64, as the tests' oracle.
 
 Notable features:
 - GQA / MQA: fewer KV heads than query heads; values are rotated once per KV head.
@@ -17,38 +33,45 @@ Notable features:
 - The YaRN temperature multiplies the logits (through SDPA's ``scale``), or with
   ``Rotary(temperature="rotated")`` only the rotated channels' share (HF); never the V/O tables.
 - Dynamic NTK's length is ``max(position) + 1`` over queries and keys (``Rotary.dynamic_length``).
-
-The three stages (``rotate_inputs``, ``attend``, ``rotate_output``) are public so that a layer
-with a KV cache can store rotated keys *and rotated values* between them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Literal, Protocol, TypeGuard
+from typing import Literal, NamedTuple, Protocol, TypeGuard
 
 import torch
 import torch.nn.functional as F
 
-from rove.kernels import rotate
+import rove.kernels as kernels
 from rove.rotary import Convention, Rotary, check_positions, table_dtype
 
 __all__ = [
-    "ATTENTION_POSITIONS",
+    "POS_CHOICES",
+    "ROTARY_POS",
     "Pos",
+    "Positions",
     "RotarySpec",
     "attend",
     "attention",
+    "check_pos",
     "document_mask",
     "document_runs",
     "logit_temperature",
+    "packing_mask",
+    "position_tables",
     "positions_from_doc_ids",
-    "rotate_inputs",
-    "rotate_output",
+    "rotary_for",
+    "rotate",
+    "rotate_qkv",
+    "token_positions",
+    "unrotate",
 ]
 
 Pos = Literal["nope", "rope", "rove"]
-ATTENTION_POSITIONS: tuple[str, ...] = ("nope", "rope", "rove")
+POS_CHOICES: tuple[Pos, ...] = ("nope", "rope", "rove")
+ROTARY_POS: tuple[Pos, ...] = ("rope", "rove")  # the encodings that rotate, and need a rotary
 
 Tables = tuple[torch.Tensor, torch.Tensor]
 
@@ -96,44 +119,86 @@ class RotarySpec(Protocol):
 
 
 def _is_pos(pos: str) -> TypeGuard[Pos]:
-    return pos in ATTENTION_POSITIONS
+    return pos in POS_CHOICES
 
 
 def check_pos(pos: str) -> Pos:
     """``pos`` as a ``Pos``; a ValueError naming the choices if it is none."""
     if not _is_pos(pos):
-        raise ValueError(f"unknown position encoding {pos!r}; choose one of {ATTENTION_POSITIONS}")
+        raise ValueError(f"unknown position encoding {pos!r}; choose one of {POS_CHOICES}")
     return pos
 
 
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.ndim != 4:
-            raise ValueError(
-                f"{name} must have shape (batch, heads, seq, head_dim), got {tuple(t.shape)}"
-            )
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    others = [("k", k)] + ([("v", v)] if v is not None else [])
-    for name, t in others:
-        if t.dtype != q.dtype:
-            raise TypeError(f"q and {name} dtypes differ: {q.dtype} vs {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"q and {name} are on different devices: {q.device} vs {t.device}")
-        if t.shape[0] != q.shape[0]:
-            raise ValueError(f"q and {name} batch sizes differ: {q.shape[0]} vs {t.shape[0]}")
-        if t.shape[-1] != q.shape[-1]:
-            raise ValueError(f"q and {name} head dims differ: {q.shape[-1]} vs {t.shape[-1]}")
-    if v is not None and v.shape != k.shape:
-        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(
-            f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})"
-        )
+def rotary_for(pos: Pos, rotary: RotarySpec | None, head_dim: int) -> RotarySpec | None:
+    """The rotary of heads of ``head_dim`` channels: ``rotary``, checked, or by default
+    ``Rotary(head_dim)`` (all channels, base 10000, half-split) under rope and rove."""
+    if pos != "nope" and head_dim % 2:
+        raise ValueError(f"rotary modes need an even head dim, got {head_dim}")
+    if rotary is None:
+        return None if pos == "nope" else _default_rotary(head_dim)
+    if rotary.head_dim != head_dim:
+        raise ValueError(f"rotary.head_dim is {rotary.head_dim} but the heads have {head_dim}")
+    return rotary
+
+
+@functools.cache
+def _default_rotary(head_dim: int) -> Rotary:
+    return Rotary(head_dim)  # one per size: its frequencies are computed once
+
+
+# ---- step 1: positions ----
+
+
+class Positions(NamedTuple):
+    """Checked token positions; ``length`` is ``max(position) + 1`` when known without reading
+    the tensor (the default ``arange``, so no device sync), else None."""
+
+    tensor: torch.Tensor
+    length: int | None
+
+
+def token_positions(
+    rotary: RotarySpec | None,
+    positions: torch.Tensor | None,
+    n: int,
+    *,
+    batch: int,
+    device: torch.device,
+    offset: int = 0,
+    name: str = "positions",
+) -> Positions:
+    """The positions of ``n`` tokens that follow ``offset`` others (e.g. a KV cache's length):
+    ``positions``, or by default ``offset .. offset + n - 1``; checked by the rotary's rule
+    (1-D: integer ``(n,)`` or ``(B', n)``, ``B'`` 1 or ``batch``)."""
+    length = None
+    if positions is None:
+        positions, length = torch.arange(offset, offset + n, device=device), offset + n
+    check = check_positions if rotary is None else rotary.check_positions
+    check(positions, n, name, batch=batch)
+    return Positions(positions, length)
+
+
+# ---- step 2: cos/sin tables ----
+
+
+def position_tables(
+    rotary: RotarySpec, dtype: torch.dtype, *positions: Positions
+) -> tuple[Tables, ...]:
+    """cos/sin tables at each set of positions, for tensors of ``dtype``; each distinct tensor's
+    once. Dynamic NTK's length is ``max(position) + 1`` over all of them (queries and keys)."""
+    known = [p.length for p in positions if p.length is not None]
+    if len(known) == len(positions):
+        seq_len: int | None = max(known)
+    else:
+        seq_len = rotary.dynamic_length(*(p.tensor for p in positions))  # None unless dynamic NTK
+    made: dict[int, Tables] = {}
+    for p in positions:
+        if id(p.tensor) not in made:
+            made[id(p.tensor)] = rotary.tables(p.tensor, table_dtype(dtype), seq_len=seq_len)
+    return tuple(made[id(p.tensor)] for p in positions)
+
+
+# ---- step 3: the packing mask ----
 
 
 def _run_starts(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -191,16 +256,95 @@ def document_mask(
     return mask
 
 
-def _tables(
-    rotary: RotarySpec, positions: torch.Tensor, dtype: torch.dtype, seq_len: int | None
-) -> Tables:
-    return rotary.tables(positions, table_dtype(dtype), seq_len=seq_len)
+def packing_mask(
+    doc_ids: torch.Tensor | None, batch: int, q_len: int, k_len: int, *, causal: bool
+) -> torch.Tensor | None:
+    """The mask of packed sequences: queries see (causally) the keys of their own document only.
+
+    ``doc_ids`` ``(batch, T)`` label the tokens of both sides, so it needs ``Tq == Tk == T``;
+    None without ``doc_ids`` (SDPA's own causal mask then does).
+    """
+    if doc_ids is None:
+        return None
+    if q_len != k_len or tuple(doc_ids.shape) != (batch, k_len):
+        raise ValueError(
+            f"doc_ids must have shape (batch, seq) = {(batch, k_len)} with Tq == Tk, "
+            f"got {tuple(doc_ids.shape)} for Tq={q_len}"
+        )
+    runs = document_runs(doc_ids)
+    return document_mask(runs, runs, q_len, k_len, causal, doc_ids.device)
+
+
+# ---- steps 4 to 7: rotate, temperature, attend, unrotate ----
+
+
+def _rotating(
+    pos: Pos, tables: Tables | None, rotary: RotarySpec | None
+) -> tuple[Tables, Convention]:
+    if tables is None or rotary is None:
+        raise ValueError(f"pos {pos!r} rotates: it needs the tables and the rotary")
+    return tables, rotary.convention
+
+
+def rotate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor | None,
+    q_tables: Tables | None,
+    k_tables: Tables | None = None,
+    *,
+    pos: Pos,
+    rotary: RotarySpec | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 4 on separate q, k, v ``(B, H, T, D)``: ``R_p`` on q and k (rope, rove) and v (rove).
+
+    ``v=None`` is shared KV (the keys serve as values); ``k_tables`` defaults to ``q_tables``.
+    Tables and rotary may be None under nope only.
+    """
+    if pos == "nope":
+        return q, k, k if v is None else v
+    (cos, sin), conv = _rotating(pos, q_tables, rotary)
+    k_cos, k_sin = (cos, sin) if k_tables is None else k_tables
+    q_rot = kernels.rotate(q, cos, sin, convention=conv)
+    k_rot = kernels.rotate(k, k_cos, k_sin, convention=conv)
+    if pos == "rope":
+        return q_rot, k_rot, k if v is None else v
+    return q_rot, k_rot, k_rot if v is None else kernels.rotate(v, k_cos, k_sin, convention=conv)
+
+
+def rotate_qkv(
+    qkv: torch.Tensor,
+    tables: Tables | None,
+    *,
+    pos: Pos,
+    rotary: RotarySpec | None,
+    n_head: int,
+    n_kv_head: int,
+    shared_kv: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 4 on a fused projection ``(B, T, (Hq + 2 Hkv) D)`` (``Hq + Hkv`` heads with
+    ``shared_kv``): the split into q, k, v ``(B, H, T, D)`` and their rotation in one pass."""
+    if pos == "nope":
+        heads = kernels.heads_view(qkv, n_head, n_kv_head, shared_kv)  # (B, H_total, T, D)
+        q, k = heads[:, :n_head], heads[:, n_head : n_head + n_kv_head]
+        return q, k, k if shared_kv else heads[:, n_head + n_kv_head :]
+    (cos, sin), conv = _rotating(pos, tables, rotary)
+    return kernels.split_rotate_qkv(
+        qkv,
+        cos,
+        sin,
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        rotate_v=pos == "rove",
+        shared_kv=shared_kv,
+        convention=conv,
+    )
 
 
 def logit_temperature(
     q: torch.Tensor, rotary: RotarySpec | None, pos: Pos
 ) -> tuple[torch.Tensor, float]:
-    """The queries and softmax scale that apply the schedule's logit scale (YaRN temperature).
+    """Step 5: the queries and softmax scale that apply the schedule's logit scale (YaRN).
 
     ``rotary.temperature == "logits"``: every logit, through the scale. ``"rotated"``: the
     rotated channels of ``q`` ``(B, H, T, D)`` are scaled instead, so only their share of
@@ -215,38 +359,6 @@ def logit_temperature(
     return torch.cat((q[..., :r] * rotary.logit_scale, q[..., r:]), dim=-1), scale
 
 
-def rotate_inputs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor | None,
-    *,
-    pos: Pos,
-    rotary: RotarySpec | None,
-    q_positions: torch.Tensor,
-    k_positions: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Tables | None]:
-    """Stage 1: rotate q and k (rope, rove) and v (rove); ``v=None`` means shared KV (v = k).
-
-    ``rotary`` may be None under ``nope`` only. Returns ``(q, k, v, q_tables)``; ``q_tables``
-    (cos, sin at the query positions) is what ``rotate_output`` needs under RoVE, else None.
-    """
-    if pos == "nope":
-        return q, k, k if v is None else v, None
-    if rotary is None:
-        raise ValueError(f"pos {pos!r} needs a rotary")
-    seq_len = rotary.dynamic_length(q_positions, k_positions)  # None unless dynamic NTK
-    q_tab = _tables(rotary, q_positions, q.dtype, seq_len)
-    k_tab = q_tab if k_positions is q_positions else _tables(rotary, k_positions, k.dtype, seq_len)
-    conv = rotary.convention
-    q_rot = rotate(q, *q_tab, convention=conv)
-    k_rot = rotate(k, *k_tab, convention=conv)
-    if v is None:  # shared KV: the values are the (rotated under RoVE) keys
-        v_rot = k_rot if pos == "rove" else k
-    else:
-        v_rot = rotate(v, *k_tab, convention=conv) if pos == "rove" else v
-    return q_rot, k_rot, v_rot, q_tab if pos == "rove" else None
-
-
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -256,7 +368,7 @@ def attend(
     scale: float,
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Stage 2: plain SDPA on already-rotated tensors ``(B, H, T, D)``, GQA included.
+    """Step 6: plain SDPA on already-rotated tensors ``(B, H, T, D)``, GQA included.
 
     With ``mask=None`` and ``causal``, the mask is the bottom-right aligned causal one. A query
     that could see no key is an error rather than a silent row of zeros.
@@ -278,16 +390,56 @@ def attend(
     )
 
 
-def rotate_output(
-    out: torch.Tensor, q_tables: Tables | None, rotary: RotarySpec | None
+def unrotate(
+    out: torch.Tensor,
+    q_tables: Tables | None,
+    *,
+    pos: Pos,
+    rotary: RotarySpec | None,
+    merge_heads: bool = False,
 ) -> torch.Tensor:
-    """Stage 3: RoVE's ``R_(-p_i)`` on the attention output ``(B, H, Tq, D)``; identity otherwise
-    (``q_tables`` None, and then ``rotary`` may be None too)."""
-    if q_tables is None:
-        return out
-    if rotary is None:
-        raise ValueError("RoVE's output rotation needs the rotary of its input rotation")
-    return rotate(out, *q_tables, convention=rotary.convention, inverse=True)
+    """Step 7: RoVE's ``R_(-p_i)`` on the attention output ``(B, H, Tq, D)`` (identity under
+    nope and rope). ``merge_heads``: return ``(B, Tq, H * D)``, the out-projection's input,
+    written in the same pass."""
+    if pos == "rove":
+        (cos, sin), conv = _rotating(pos, q_tables, rotary)
+        if merge_heads:
+            return kernels.unrotate_output(out, cos, sin, convention=conv)
+        return kernels.rotate(out, cos, sin, convention=conv, inverse=True)
+    return out.transpose(1, 2).flatten(2) if merge_heads else out
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(
+                f"{name} must have shape (batch, heads, seq, head_dim), got {tuple(t.shape)}"
+            )
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    others = [("k", k)] + ([("v", v)] if v is not None else [])
+    for name, t in others:
+        if t.dtype != q.dtype:
+            raise TypeError(f"q and {name} dtypes differ: {q.dtype} vs {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"q and {name} are on different devices: {q.device} vs {t.device}")
+        if t.shape[0] != q.shape[0]:
+            raise ValueError(f"q and {name} batch sizes differ: {q.shape[0]} vs {t.shape[0]}")
+        if t.shape[-1] != q.shape[-1]:
+            raise ValueError(f"q and {name} head dims differ: {q.shape[-1]} vs {t.shape[-1]}")
+    if v is not None and v.shape != k.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})"
+        )
+
+
+# ---- the forward ----
 
 
 def attention(
@@ -315,7 +467,8 @@ def attention(
         rotary: the rotary spec; default ``Rotary(D)`` (all channels, base 10000, half-split).
         q_positions: ``(Tq,)``, ``(1, Tq)`` or ``(B, Tq)`` integer positions; default
             ``Tk - Tq .. Tk - 1``.
-        k_positions: ``(Tk,)``, ``(1, Tk)`` or ``(B, Tk)``; default ``0 .. Tk - 1``.
+        k_positions: ``(Tk,)``, ``(1, Tk)`` or ``(B, Tk)``; default ``0 .. Tk - 1`` (with
+            ``Tq == Tk``: the query positions).
         doc_ids: ``(B, T)`` document ids of packed sequences (needs ``Tq == Tk``); no attention
             across documents (maximal runs of equal ids). Pair with ``positions_from_doc_ids``.
         scale: softmax scale; default ``1/sqrt(D)`` with the rotary schedule's logit scale
@@ -326,44 +479,29 @@ def attention(
     """
     check_pos(pos)
     _check_qkv(q, k, v)
-    head_dim, q_len, k_len = q.shape[-1], q.shape[2], k.shape[2]
-    if rotary is None:
-        rotary = _default_rotary(head_dim) if pos != "nope" else None
-    elif rotary.head_dim != head_dim:
-        raise ValueError(f"rotary.head_dim is {rotary.head_dim} but q has head dim {head_dim}")
-    if pos != "nope" and head_dim % 2:
-        raise ValueError(f"rotary modes need an even head dim, got {head_dim}")
-    if q_positions is None:
-        q_positions = torch.arange(k_len - q_len, k_len, device=q.device)
-    if k_positions is None:
-        k_positions = q_positions if k_len == q_len else torch.arange(k_len, device=q.device)
-    check = rotary.check_positions if rotary is not None else check_positions
-    check(q_positions, q_len, "q_positions", batch=q.shape[0])
-    check(k_positions, k_len, "k_positions", batch=q.shape[0])
-    mask = None
-    if doc_ids is not None:
-        if doc_ids.shape != (q.shape[0], k_len) or q_len != k_len:
-            raise ValueError(
-                f"doc_ids must have shape (batch, seq) = {(q.shape[0], k_len)} with Tq == Tk, "
-                f"got {tuple(doc_ids.shape)} for Tq={q_len}"
-            )
-        runs = document_runs(doc_ids)
-        mask = document_mask(runs, runs, q_len, k_len, causal, q.device)
-    q, k, v, q_tab = rotate_inputs(
-        q, k, v, pos=pos, rotary=rotary, q_positions=q_positions, k_positions=k_positions
+    batch, q_len, k_len = q.shape[0], q.shape[2], k.shape[2]
+    rotary = rotary_for(pos, rotary, q.shape[-1])
+    q_at = token_positions(
+        rotary,
+        q_positions,
+        q_len,
+        batch=batch,
+        device=q.device,
+        offset=k_len - q_len,
+        name="q_positions",
     )
+    k_at = q_at
+    if k_positions is not None or k_len != q_len:
+        k_at = token_positions(
+            rotary, k_positions, k_len, batch=batch, device=q.device, name="k_positions"
+        )
+    mask = packing_mask(doc_ids, batch, q_len, k_len, causal=causal)
+    q_tab: Tables | None = None
+    k_tab: Tables | None = None
+    if rotary is not None and pos != "nope":
+        q_tab, k_tab = position_tables(rotary, q.dtype, q_at, k_at)
+    q, k, v = rotate(q, k, v, q_tab, k_tab, pos=pos, rotary=rotary)
     if scale is None:
         q, scale = logit_temperature(q, rotary, pos)
     out = attend(q, k, v, causal=causal, scale=scale, mask=mask)
-    return rotate_output(out, q_tab, rotary)
-
-
-_DEFAULT_ROTARIES: dict[int, Rotary] = {}
-
-
-def _default_rotary(head_dim: int) -> Rotary:
-    if head_dim not in _DEFAULT_ROTARIES:
-        if head_dim % 2:
-            raise ValueError(f"rotary modes need an even head dim, got {head_dim}")
-        _DEFAULT_ROTARIES[head_dim] = Rotary(head_dim)
-    return _DEFAULT_ROTARIES[head_dim]
+    return unrotate(out, q_tab, pos=pos, rotary=rotary)

@@ -29,7 +29,7 @@ from typing import Literal
 
 import torch
 
-from rove.functional import attend
+from rove.functional import ROTARY_POS, attend
 from rove.rotary import Rotary
 
 __all__ = [
@@ -123,7 +123,7 @@ def group_attention(
     Returns:
         ``(B, Hq, Tq, D)``, in the query's frame under RoVE.
     """
-    if pos not in ("rope", "rove"):
+    if pos not in ROTARY_POS:
         raise ValueError(f"unknown group attention pos {pos!r}; choose 'rope' or 'rove'")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 4:

@@ -1,8 +1,8 @@
 """``RoveAttention``: a multi-head attention layer with a position encoding, GQA and a KV cache.
 
-One fused projection produces q, k and v; the rotations run through ``rove.kernels`` (fused
-Triton on CUDA: the QKV split, rotation and transpose in one launch, and the output un-rotation
-fused with the transpose back), and attention itself is ``torch`` SDPA.
+The forward of ``rove.functional`` (read its docstring for the math and the steps) on a fused QKV
+projection: on CUDA one Triton launch splits, rotates and transposes q, k and v, and one writes
+the un-rotated output as the out-projection's input; attention itself is ``torch`` SDPA.
 """
 
 from __future__ import annotations
@@ -17,25 +17,18 @@ from rove.functional import (
     RotarySpec,
     attend,
     check_pos,
-    document_mask,
-    document_runs,
     logit_temperature,
+    packing_mask,
+    position_tables,
+    rotary_for,
+    rotate_qkv,
+    token_positions,
+    unrotate,
 )
-from rove.kernels import heads_view, split_rotate_qkv, unrotate_output
 from rove.kv_cache import KVCache
-from rove.rotary import Rotary, check_positions, table_dtype
+from rove.rotary import Rotary
 
 __all__ = ["RoveAttention"]
-
-
-def split_heads(
-    qkv: torch.Tensor, n_head: int, n_kv_head: int, shared_kv: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fused projection ``(B, T, width)`` -> unrotated ``(B, H, T, D)`` views q, k, v."""
-    heads = heads_view(qkv, n_head, n_kv_head, shared_kv)  # (B, H_total, T, D)
-    q, k = heads[:, :n_head], heads[:, n_head : n_head + n_kv_head]
-    v = k if shared_kv else heads[:, n_head + n_kv_head :]
-    return q, k, v
 
 
 class RoveAttention(nn.Module):
@@ -78,13 +71,9 @@ class RoveAttention(nn.Module):
             if d_model % n_head:
                 raise ValueError(f"d_model ({d_model}) is not divisible by n_head ({n_head})")
             head_dim = d_model // n_head
-        if pos != "nope":
-            rotary = Rotary(head_dim) if rotary is None else rotary
-            if rotary.head_dim != head_dim:
-                raise ValueError(f"rotary.head_dim {rotary.head_dim} != head_dim {head_dim}")
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
         self.pos, self.shared_kv, self.causal = pos, shared_kv, causal
-        self.rotary = rotary
+        self.rotary = rotary_for(pos, rotary, head_dim)
         n_proj = n_head + (1 if shared_kv else 2) * n_kv_head
         self.qkv = nn.Linear(d_model, n_proj * head_dim, bias=bias)
         self.proj = nn.Linear(n_head * head_dim, d_model, bias=bias)
@@ -127,54 +116,36 @@ class RoveAttention(nn.Module):
         if x.ndim != 3:
             raise ValueError(f"x must have shape (batch, seq, d_model), got {tuple(x.shape)}")
         bsz, seq, _ = x.shape
-        offset = cache.length if cache is not None else 0
-        length = None  # max(position) + 1 for dynamic NTK: known without a sync by default
-        if positions is None:
-            positions = torch.arange(offset, offset + seq, device=x.device)
-            length = offset + seq
-        elif self.rotary is not None:
-            self.rotary.check_positions(positions, seq, batch=bsz)
-        else:
-            check_positions(positions, seq, batch=bsz)
-        if cache is not None and self.rotary is not None and self.rotary.dynamic:
+        if cache is not None:
+            self._check_cache_use(doc_ids)
+        start = 0 if cache is None else cache.length
+        at = token_positions(self.rotary, positions, seq, batch=bsz, device=x.device, offset=start)
+        if tables is None and self.rotary is not None and self.pos != "nope":
+            (tables,) = position_tables(self.rotary, x.dtype, at)
+        mask = packing_mask(doc_ids, bsz, seq, seq, causal=self.causal)
+        q, k, v = rotate_qkv(
+            self.qkv(x),  # (B, T, (Hq + 2 Hkv) D)
+            tables,
+            pos=self.pos,
+            rotary=self.rotary,
+            n_head=self.n_head,
+            n_kv_head=self.n_kv_head,
+            shared_kv=self.shared_kv,
+        )
+        q, scale = logit_temperature(q, self.rotary, self.pos)
+        if cache is not None:
+            k, v = cache.update(layer_idx, k, v)
+        out = attend(q, k, v, causal=self.causal, scale=scale, mask=mask)  # (B, Hq, T, D)
+        return self.proj(unrotate(out, tables, pos=self.pos, rotary=self.rotary, merge_heads=True))
+
+    def _check_cache_use(self, doc_ids: torch.Tensor | None) -> None:
+        """A cache extends one sequence with keys rotated once: no packing, and frequencies
+        that do not follow the length."""
+        if doc_ids is not None:
+            raise ValueError("doc_ids (packed sequences) cannot be combined with a KV cache")
+        if self.rotary is not None and self.rotary.dynamic:
             raise ValueError(
                 "dynamic NTK's frequencies follow the total length, which a KV cache cannot "
                 "follow (cached keys, and in a deep model their content, depend on it): pin the "
                 "length with Rotary.at_length(...) (GPT.generate pins prompt + new tokens)"
             )
-        qkv = self.qkv(x)  # (B, T, (Hq + 2 Hkv) D)
-        if self.pos == "nope":
-            q, k, v = split_heads(qkv, self.n_head, self.n_kv_head, self.shared_kv)
-        else:
-            assert self.rotary is not None
-            if tables is None:
-                tables = self.rotary.tables(positions, table_dtype(x.dtype), seq_len=length)
-            q, k, v = split_rotate_qkv(
-                qkv,
-                *tables,
-                n_head=self.n_head,
-                n_kv_head=self.n_kv_head,
-                rotate_v=self.pos == "rove",
-                shared_kv=self.shared_kv,
-                convention=self.rotary.convention,
-            )
-        q, scale = logit_temperature(q, self.rotary, self.pos)
-        mask = None
-        if doc_ids is not None:
-            if cache is not None:
-                raise ValueError("doc_ids (packed sequences) cannot be combined with a KV cache")
-            if doc_ids.shape != (bsz, seq):
-                raise ValueError(
-                    f"doc_ids must have shape {(bsz, seq)}, got {tuple(doc_ids.shape)}"
-                )
-            runs = document_runs(doc_ids)
-            mask = document_mask(runs, runs, seq, seq, self.causal, x.device)
-        if cache is not None:
-            k, v = cache.update(layer_idx, k, v)
-        out = attend(q, k, v, causal=self.causal, scale=scale, mask=mask)  # (B, Hq, T, D)
-        if self.pos == "rove":
-            assert self.rotary is not None and tables is not None  # set in the rotary modes
-            y = unrotate_output(out, *tables, convention=self.rotary.convention)
-        else:
-            y = out.transpose(1, 2).reshape(bsz, seq, self.n_head * self.head_dim)
-        return self.proj(y)

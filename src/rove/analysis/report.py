@@ -38,6 +38,7 @@ from rove.analysis.plots import (
     plot_plane_energy,
 )
 from rove.atomic import write_text_atomic
+from rove.generate import refuse_export
 from rove.model import GPT, POSITIONS, PRESETS, GPTConfig, get_preset
 from rove.terminal import DefaultsFormatter, command, signature_defaults
 
@@ -338,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.random == (args.checkpoint is not None):
         parser.error("give a CHECKPOINT or --random (exactly one)")
+    if args.checkpoint is not None:
+        refuse_export(
+            args.checkpoint,
+            "rove analyze",
+            "reads the layers of rove's own GPT (its rotations and mixers), which an export "
+            "stores in Hugging Face form",
+        )
     source = random_model(args.pos, args.preset, args.seed) if args.random else args.checkpoint
     report = analyze(
         source,

@@ -43,6 +43,8 @@ FINEWEB_EDU = ("HuggingFaceFW/fineweb-edu", "sample-10BT")
 NAMED_SOURCES = ("stdlib", "fineweb-edu")
 DOC_CHARS = 8192  # longest document cut from a single text file (~2k GPT-2 tokens)
 BINARY_SNIFF = 8192  # bytes looked at for a NUL to call a file binary
+SUMMARY_KINDS = 4  # file types named in the one-line summary of what was skipped
+SUMMARY_NAMES = 2  # files named per kind of problem in that line (the debug log has them all)
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)*")
 
 log = logging.getLogger("rove.data")
@@ -52,6 +54,7 @@ log = logging.getLogger("rove.data")
 class CorpusReport:
     """What a walk over a local corpus read and skipped (filled in while iterating)."""
 
+    root: Path | None = None  # the corpus folder: skipped paths are kept relative to it
     files: int = 0  # files read
     binary: list[str] = field(default_factory=list)  # skipped: NUL bytes
     undecodable: list[str] = field(default_factory=list)  # skipped: not valid in the encoding
@@ -74,7 +77,7 @@ class CorpusReport:
     def summary(self) -> str:
         """One line for people, e.g. ``read 12 files; skipped 2 not UTF-8, 3 *.json``."""
         parts = [
-            f"{len(items)} {what}"
+            f"{len(items)} {what} ({_names(items)})"
             for items, what in (
                 (self.binary, "binary"),
                 (self.undecodable, "not decodable"),
@@ -83,10 +86,20 @@ class CorpusReport:
             )
             if items
         ]
-        parts += [
-            f"{n} *{ext or '(no extension)'}" for ext, n in sorted(self.other_extensions.items())
-        ]
+        if self.other_extensions:
+            by_count = sorted(self.other_extensions.items(), key=lambda kv: (-kv[1], kv[0]))
+            kinds = [f"*{ext or '(no extension)'} {n}" for ext, n in by_count[:SUMMARY_KINDS]]
+            if len(by_count) > SUMMARY_KINDS:
+                kinds.append(f"{len(by_count) - SUMMARY_KINDS} more kinds")
+            total = sum(self.other_extensions.values())
+            parts.append(f"{total} of other types ({', '.join(kinds)})")
         return f"read {self.files} file(s)" + (f"; skipped {', '.join(parts)}" if parts else "")
+
+    def relative(self, path: Path) -> str:
+        """``path`` as the user knows it: relative to the corpus folder when inside it."""
+        if self.root is not None and path.is_relative_to(self.root):
+            return str(path.relative_to(self.root))
+        return str(path)
 
     def to_dict(self) -> dict:
         return {
@@ -96,6 +109,12 @@ class CorpusReport:
             "skipped_links": len(self.outside_links) + len(self.dangling_links),
             "skipped_extensions": dict(sorted(self.other_extensions.items())),
         }
+
+
+def _names(paths: list[str]) -> str:
+    """The first few of ``paths`` and how many more."""
+    more = len(paths) - SUMMARY_NAMES
+    return ", ".join(paths[:SUMMARY_NAMES]) + (f" and {more} more" if more > 0 else "")
 
 
 def stdlib_dir() -> Path:
@@ -131,10 +150,13 @@ def _walk_sorted(
 
 
 def _skip(report: CorpusReport | None, kind: str, path: Path, why: str) -> None:
-    """Warn about and count a skipped file; silent without a report (e.g. when only hashing)."""
+    """Count a skipped file (the summary line reports it); silent without a report (e.g. when
+    only hashing). Each path is logged at debug level only: a first run over a system's stdlib
+    would otherwise open with a screen of absolute paths."""
     if report is not None:
-        log.warning("skipping %s: %s", path, why)
-        getattr(report, kind).append(str(path))
+        name = report.relative(path)
+        log.debug("skipping %s: %s", name, why)
+        getattr(report, kind).append(name)
 
 
 def _read_text(path: Path, encoding: str = "utf-8", report: CorpusReport | None = None) -> str:
@@ -231,6 +253,9 @@ def iter_documents(
         codecs.lookup(encoding)
     except LookupError:
         raise ValueError(f"unknown encoding {encoding!r}") from None
+    if report is not None and report.root is None and source != "fineweb-edu":
+        root = stdlib_dir() if source == "stdlib" else Path(source)
+        report.root = root if root.is_dir() else root.parent
     if source == "stdlib":
         files = _walk_sorted(stdlib_dir(), (".py",), report)
         docs: Iterator[str] = (_read_text(f, encoding, report) for f in files)

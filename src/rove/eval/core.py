@@ -13,8 +13,10 @@ data. This module reads that data from a local copy of the bundle and scores it 
 
 Few-shot examples are drawn per item from the other items of the task (deterministic in ``seed``),
 rendered like the item with their gold answer, and joined by ``example_delimiter`` (LLM Foundry's
-default ``"\\n"``). Sequences longer than the model's ``block_size`` lose their oldest tokens.
-Centered accuracy is ``(acc - random) / (1 - random)``; CORE is its mean over the tasks.
+default ``"\\n"``). As in LLM Foundry, a sequence (context + continuation) holds at most
+``block_size`` tokens: a longer one loses its oldest context tokens ("cut"). LLM Foundry stops the
+whole evaluation when a continuation alone does not fit; here that item is scored wrong and counted
+("too long"), and both counts are reported per task. Centered accuracy is ``(acc - random) / (1 - random)``; CORE is its mean over the tasks.
 
 Bundle layout (DCLM's ``eval/local_data`` or nanochat's ``eval_bundle``)::
 
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import yaml
 from tqdm.auto import tqdm
 
 from rove.eval.protocol import LanguageModel, TextCodec
@@ -45,11 +48,14 @@ __all__ = [
     "CORE_TASKS",
     "CoreTask",
     "build_items",
+    "bundle_tasks",
     "core_score",
     "evaluate_core",
     "load_bundle",
     "load_task_data",
     "parse_icl_tasks_yaml",
+    "select_tasks",
+    "task_path",
 ]
 
 TaskType = Literal["multiple_choice", "schema", "language_modeling"]
@@ -108,67 +114,15 @@ CORE_TASKS: tuple[CoreTask, ...] = (
 # ---- bundle loading ------------------------------------------------------------------------------
 
 
-def _scalar(text: str) -> Any:
-    """One YAML scalar / flow list of the simple kinds core.yaml uses."""
-    text = text.strip()
-    if text.startswith('"'):
-        return json.loads(text)  # YAML double-quoted escapes (\n, \", \\) match JSON's
-    if text.startswith("'"):
-        return text[1:-1].replace("''", "'")
-    if text.startswith("["):
-        return [_scalar(x) for x in text[1:-1].split(",") if x.strip()]
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _strip_comment(line: str) -> str:
-    """``line`` without a trailing ``# comment`` (a ``#`` outside quotes after whitespace)."""
-    quote, i = None, 0
-    while i < len(line):
-        ch = line[i]
-        if quote == '"' and ch == "\\":
-            i += 1  # skip the escaped character
-        elif quote and ch == quote:
-            quote = None
-        elif not quote and ch in "\"'":
-            quote = ch
-        elif not quote and ch == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i].rstrip()
-        i += 1
-    return line.rstrip()
-
-
 def parse_icl_tasks_yaml(text: str) -> list[dict[str, Any]]:
-    """The ``icl_tasks:`` list of a DCLM / LLM Foundry eval YAML (flat ``key: scalar`` entries).
-
-    A small reader for the subset these files use, so that PyYAML is not a dependency.
-    """
-    tasks: list[dict[str, Any]] = []
-    inside = False
-    for raw in text.splitlines():
-        line = _strip_comment(raw)
-        if not line.strip():
-            continue
-        if not line[0].isspace() and not line.startswith("-"):
-            inside = line.split(":", 1)[0].strip() == "icl_tasks"
-            continue
-        if not inside:
-            continue
-        body = line.strip()
-        if body.startswith("-"):
-            tasks.append({})
-            body = body[1:].strip()
-        if body:
-            if not tasks:
-                raise ValueError(f"core.yaml: entry outside a list item: {raw!r}")
-            key, _, value = body.partition(":")
-            tasks[-1][key.strip()] = _scalar(value)
+    """The ``icl_tasks:`` list of a DCLM / LLM Foundry eval YAML, each entry a mapping."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"core.yaml is not valid YAML: {err}") from None
+    tasks = doc.get("icl_tasks") if isinstance(doc, dict) else None
+    if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
+        raise ValueError("core.yaml: expected an 'icl_tasks:' list of task mappings")
     return tasks
 
 
@@ -194,7 +148,11 @@ def load_bundle(bundle_dir: str | Path) -> tuple[CoreTask, ...]:
             for t in CORE_TASKS
         )
     tasks = []
-    for entry in parse_icl_tasks_yaml((root / "core.yaml").read_text(encoding="utf-8")):
+    entries = parse_icl_tasks_yaml((root / "core.yaml").read_text(encoding="utf-8"))
+    for i, entry in enumerate(entries):
+        lacks = [k for k in ("label", "dataset_uri") if k not in entry]
+        if lacks:
+            raise ValueError(f"{root / 'core.yaml'}: icl_tasks entry {i + 1} has no {lacks}")
         label = entry["label"]
         if entry.get("icl_task_type") not in TASK_TYPES:
             raise ValueError(
@@ -227,9 +185,40 @@ def load_bundle(bundle_dir: str | Path) -> tuple[CoreTask, ...]:
     return tuple(tasks)
 
 
+def task_path(bundle_dir: str | Path, task: CoreTask) -> Path:
+    """Where ``task``'s JSON lines live in the bundle."""
+    return Path(bundle_dir) / "eval_data" / task.dataset_uri
+
+
+def select_tasks(specs: Sequence[CoreTask], labels: Sequence[str] | None) -> tuple[CoreTask, ...]:
+    """The tasks of ``specs`` named in ``labels`` (all when None), in bundle order."""
+    if labels is None:
+        return tuple(specs)
+    unknown = sorted(set(labels) - {t.label for t in specs})
+    if unknown:
+        raise ValueError(
+            f"unknown CORE task(s) {unknown}; the bundle has {', '.join(t.label for t in specs)}"
+        )
+    return tuple(t for t in specs if t.label in set(labels))
+
+
+def bundle_tasks(
+    bundle_dir: str | Path, labels: Sequence[str] | None = None
+) -> tuple[CoreTask, ...]:
+    """The tasks of the bundle named in ``labels`` (all when None), checked before any work: an
+    unknown label, or not one of their task files present, is an error."""
+    specs = select_tasks(load_bundle(bundle_dir), labels)
+    if not any(task_path(bundle_dir, t).is_file() for t in specs):
+        raise FileNotFoundError(
+            f"none of the {len(specs)} CORE task file(s) is in {Path(bundle_dir) / 'eval_data'} "
+            f"(e.g. {specs[0].dataset_uri}). {BUNDLE_HELP}"
+        )
+    return specs
+
+
 def load_task_data(bundle_dir: str | Path, task: CoreTask) -> list[dict[str, Any]]:
     """The JSON lines of one task, checked for the fields its task type needs."""
-    path = Path(bundle_dir) / "eval_data" / task.dataset_uri
+    path = task_path(bundle_dir, task)
     if not path.is_file():
         raise FileNotFoundError(f"CORE task {task.label!r}: missing {path}. {BUNDLE_HELP}")
     with open(path, encoding="utf-8") as f:
@@ -305,18 +294,23 @@ def evaluate_core(
     """Accuracy and centered accuracy per CORE task, and the CORE score.
 
     ``tasks`` selects labels (default: all of the bundle); ``max_per_task`` evaluates a deterministic
-    random subset of each task (a quick, noisier estimate). ``complete`` tells whether all 22 CORE
-    tasks were evaluated on all their items, i.e. whether ``core`` is comparable to published numbers.
+    random subset of each task (a quick, noisier estimate). A task whose data file is missing is
+    named in ``missing`` and the others run. ``complete`` tells whether all 22 CORE tasks were
+    evaluated on all their items, i.e. whether ``core`` is comparable to published numbers. Each
+    task records ``n_cut`` (items whose context lost its oldest tokens to the window) and
+    ``n_too_long`` (items whose continuation did not fit: scored wrong).
     """
-    specs = load_bundle(bundle_dir)
-    if tasks is not None:
-        unknown = set(tasks) - {t.label for t in specs}
-        if unknown:
-            raise ValueError(f"unknown CORE tasks {sorted(unknown)}")
-        specs = tuple(t for t in specs if t.label in set(tasks))
+    specs = bundle_tasks(bundle_dir, tasks)
+    # LLM Foundry's window holds context + continuation (trim_context against max_seq_len); the
+    # scorer's max_len bounds the model input, which is that sequence less its last token
+    window = model.config.block_size
     per_task: dict[str, dict[str, Any]] = {}
+    missing: dict[str, str] = {}
     any_subsampled = False
     for task in tqdm(specs, desc="core", disable=not progress):
+        if not task_path(bundle_dir, task).is_file():
+            missing[task.label] = f"eval_data/{task.dataset_uri}"
+            continue
         rows = load_task_data(bundle_dir, task)
         items = build_items(task, rows, seed)
         if max_per_task is not None and max_per_task < len(items):
@@ -325,8 +319,8 @@ def evaluate_core(
             )
             items = [items[i] for i in keep]
             any_subsampled = True
-        correct = evaluate_items(model, tokenizer, items, batch_size=batch_size)
-        acc = float(np.mean(correct))
+        results = evaluate_items(model, tokenizer, items, batch_size=batch_size, max_len=window - 1)
+        acc = float(np.mean([r.correct for r in results]))
         per_task[task.label] = {
             "accuracy": acc,
             "centered": centered_accuracy(acc, task.random_baseline),
@@ -334,11 +328,15 @@ def evaluate_core(
             "num_fewshot": task.num_fewshot,
             "task_type": task.task_type,
             "n_items": len(items),
+            "n_cut": sum(r.fit == "cut" for r in results),
+            "n_too_long": sum(r.fit == "too_long" for r in results),
         }
     core_labels = {t.label for t in CORE_TASKS}
     return {
         "core": core_score({k: v["centered"] for k, v in per_task.items()}),
         "complete": core_labels <= set(per_task) and not any_subsampled,
+        "missing": missing,
+        "window": window,
         "seed": seed,
         "tasks": per_task,
     }

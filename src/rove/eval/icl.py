@@ -237,10 +237,10 @@ def evaluate_icl(
         except ValueError as err:  # cannot fit: skip this task, keep the others
             skipped[task] = str(err)
             continue
-        correct = evaluate_items(
+        results = evaluate_items(
             model, tokenizer, items, batch_size=batch_size, max_len=max_tokens, progress=progress
         )
-        acc = float(np.mean(correct))
+        acc = float(np.mean([r.correct for r in results]))
         chance = ICL_TASKS[task].chance
         per_task[task] = {
             "accuracy": acc,

@@ -166,8 +166,9 @@ def _number(rng: random.Random) -> str:
 
 def _fit(
     build: Callable[[int], tuple[str, list[str]]], n0: int, budget: int, tok: TextCodec, unit: float
-) -> tuple[str, list[str]]:
-    """``build(n)`` for the largest n <= n0 tried whose ``[eot] + prompt`` fits ``budget`` tokens.
+) -> tuple[str, list[str]] | None:
+    """``build(n)`` for the largest n <= n0 tried whose ``[eot] + prompt`` fits ``budget`` tokens
+    (None if none does).
 
     Starts at the estimate ``n0`` and removes ``excess / unit`` haystack units per retry.
     """
@@ -180,7 +181,7 @@ def _fit(
         if used <= budget:
             return prompt, answers
         n -= max(1, math.ceil((used - budget) / unit))
-    raise ValueError(f"cannot fit the task into {budget} prompt tokens: increase length_tokens")
+    return None
 
 
 def _units_estimate(units: Sequence[str], tok: TextCodec) -> float:
@@ -449,7 +450,14 @@ def generate(
         max_new = len(tokenizer.encode(_target(spec.answers, spec.match))) + GEN_SLACK
         budget = length_tokens - max_new
         build, n0, unit = spec.layout(budget)
-        prompt, answers = _fit(build, n0, budget, tokenizer, unit)
+        fitted = _fit(build, n0, budget, tokenizer, unit)
+        if fitted is None:
+            raise ValueError(
+                f"a {task} prompt does not fit in {length_tokens} tokens ({max_new} of them "
+                "kept for the answer): evaluate at a longer length (--ruler-lengths or "
+                "--ruler-multiples)"
+            )
+        prompt, answers = fitted
         target = _target(answers, spec.match)
         ctx, _ = encode_pair(tokenizer, prompt, target)
         samples.append(Sample(task, prompt, answers, target, spec.match, max_new, 1 + len(ctx)))

@@ -40,6 +40,8 @@ __all__ = [
     "ChoiceItem",
     "CompletionItem",
     "ContinuationScore",
+    "Fit",
+    "ItemResult",
     "centered_accuracy",
     "encode_pair",
     "evaluate_items",
@@ -52,6 +54,7 @@ __all__ = [
     "scaling_factor",
     "score_continuations",
     "substring_match",
+    "window_fit",
 ]
 
 Pair = tuple[list[int], list[int]]  # (context ids, continuation ids)
@@ -130,6 +133,19 @@ def encode_pair(tokenizer: TextCodec, context: str, continuation: str) -> Pair:
     return ctx, tokenizer.encode(continuation)
 
 
+Fit = Literal["whole", "cut", "too_long"]
+
+
+def window_fit(pair: Pair, max_len: int | None) -> Fit:
+    """How ``context + continuation`` meets a model input of ``max_len`` tokens: ``"whole"``,
+    ``"cut"`` (the context loses its oldest tokens), or ``"too_long"`` (the continuation alone,
+    after one context token, exceeds the window: it cannot be scored)."""
+    ctx, cont = pair
+    if max_len is None or len(ctx) + len(cont) - 1 <= max_len:
+        return "whole"
+    return "cut" if len(cont) <= max_len else "too_long"
+
+
 def _fit(pair: Pair, max_len: int | None) -> list[int]:
     """``context + continuation``, left-truncated so that the model input has at most max_len tokens."""
     ctx, cont = pair
@@ -137,12 +153,11 @@ def _fit(pair: Pair, max_len: int | None) -> list[int]:
         raise ValueError("empty context: prepend a start token (e.g. the tokenizer's eot_token)")
     if not cont:
         raise ValueError("empty continuation: nothing to score")
+    fit = window_fit(pair, max_len)
+    if fit == "too_long":
+        raise ValueError(f"continuation of {len(cont)} tokens does not fit max_len={max_len}")
     seq = ctx + cont
-    if max_len is not None and len(seq) - 1 > max_len:
-        if len(cont) > max_len:
-            raise ValueError(f"continuation of {len(cont)} tokens does not fit max_len={max_len}")
-        seq = seq[len(seq) - 1 - max_len :]
-    return seq
+    return seq[len(seq) - 1 - max_len :] if fit == "cut" and max_len is not None else seq
 
 
 def score_continuations(
@@ -205,6 +220,15 @@ def multiple_choice(scores: Sequence[ContinuationScore]) -> int:
     return means.index(min(means))
 
 
+@dataclass(frozen=True)
+class ItemResult:
+    """One scored item: right or wrong, and how it met the window (``"too_long"`` = not scored,
+    counted wrong; ``"cut"`` = some option lost its oldest context tokens)."""
+
+    correct: bool
+    fit: Fit
+
+
 def evaluate_items(
     model: LanguageModel,
     tokenizer: TextCodec,
@@ -214,39 +238,44 @@ def evaluate_items(
     max_len: int | None = None,
     prepend_eot: bool = True,
     progress: bool = False,
-) -> list[bool]:
-    """Correctness of each item: MC by lowest mean continuation loss, LM items by exact greedy match.
+) -> list[ItemResult]:
+    """Each item's result: MC by lowest mean continuation loss, LM items by exact greedy match.
 
-    ``max_len`` defaults to ``model.config.block_size``; ``prepend_eot`` starts every sequence with the
-    tokenizer's end-of-text token (the document boundary the model saw in training).
+    ``max_len`` (the model input, default ``model.config.block_size``) cuts long contexts from the
+    left; an item with an option whose continuation cannot fit at all is not scored and counts as
+    wrong, so one long item never stops a whole evaluation. ``prepend_eot`` starts every sequence
+    with the tokenizer's end-of-text token (the document boundary the model saw in training).
     """
     max_len = model.config.block_size if max_len is None else max_len
     bos = [tokenizer.eot_token] if prepend_eot else []
 
-    def pair(context: str, continuation: str) -> Pair:
-        ctx, cont = encode_pair(tokenizer, context, continuation)
-        return bos + ctx, cont
+    def pairs_of(item: ChoiceItem | CompletionItem) -> list[Pair]:
+        texts = (
+            item.options if isinstance(item, ChoiceItem) else [(item.context, item.continuation)]
+        )
+        return [(bos + ctx, cont) for ctx, cont in (encode_pair(tokenizer, c, k) for c, k in texts)]
 
-    mc_pairs: list[Pair] = []
-    lm_pairs: list[Pair] = []
-    for item in items:
-        if isinstance(item, ChoiceItem):
-            mc_pairs.extend(pair(c, k) for c, k in item.options)
-        else:
-            lm_pairs.append(pair(item.context, item.continuation))
+    encoded = [pairs_of(item) for item in items]
+    fits: list[Fit] = []
+    for pairs in encoded:
+        each = {window_fit(p, max_len) for p in pairs}
+        fits.append("too_long" if "too_long" in each else "cut" if "cut" in each else "whole")
+    scored = [i for i, fit in enumerate(fits) if fit != "too_long"]
     score = partial(
         score_continuations, model, batch_size=batch_size, max_len=max_len, progress=progress
     )
-    mc_scores = iter(score(mc_pairs))
-    lm_scores = iter(score(lm_pairs, greedy=True))
-    correct = []
-    for item in items:
+    mc = [i for i in scored if isinstance(items[i], ChoiceItem)]
+    lm = [i for i in scored if isinstance(items[i], CompletionItem)]
+    mc_scores = iter(score([p for i in mc for p in encoded[i]]))
+    lm_scores = iter(score([encoded[i][0] for i in lm], greedy=True))
+    correct = [False] * len(items)  # a too-long item stays wrong
+    for i in scored:
+        item = items[i]
         if isinstance(item, ChoiceItem):
-            scores = [next(mc_scores) for _ in item.options]
-            correct.append(multiple_choice(scores) == item.gold)
+            correct[i] = multiple_choice([next(mc_scores) for _ in item.options]) == item.gold
         else:
-            correct.append(bool(next(lm_scores).greedy))
-    return correct
+            correct[i] = bool(next(lm_scores).greedy)
+    return [ItemResult(c, f) for c, f in zip(correct, fits, strict=True)]
 
 
 def greedy_generate(

@@ -39,6 +39,7 @@ from rove.eval.protocol import LanguageModel
 from rove.eval.records import scaling_key, scaling_kind
 from rove.eval.ruler import RULER_TASKS, evaluate_ruler
 from rove.eval.summary import eval_summary_lines
+from rove.generate import refuse_export
 from rove.lock import lock_folder
 from rove.precision import resolve_device
 from rove.rotary import SCALING_KINDS
@@ -105,6 +106,7 @@ class EvalConfig:
     icl_max_tokens: int | None = None  # longest ICL sequence; None = the training length
     core_bundle: str | None = None  # local DCLM eval bundle folder; None = skip CORE
     core_max_per_task: int | None = None  # cap items per CORE task (None = all)
+    core_tasks: list[str] | None = None  # CORE task labels to run (None = all of the bundle)
     seed: int = 0  # seeds task generation (the same for every model compared)
 
     def __post_init__(self) -> None:
@@ -131,6 +133,9 @@ class EvalConfig:
             raise ValueError(
                 f"unknown RULER scaling(s) {bad}; choose from {', '.join(_RULER_SCALING_NAMES)}"
             )
+
+        if self.core_tasks is not None and not self.core_bundle:
+            raise ValueError("core_tasks needs a CORE bundle (--core-bundle DIR)")
 
     def lengths(
         self, train_len: int, explicit: list[int] | None, multiples: list[float]
@@ -305,7 +310,12 @@ def _core_record(
     from rove.eval.core import evaluate_core
 
     return evaluate_core(
-        model, tokenizer, bundle, max_per_task=cfg.core_max_per_task, progress=progress
+        model,
+        tokenizer,
+        bundle,
+        tasks=cfg.core_tasks,
+        max_per_task=cfg.core_max_per_task,
+        progress=progress,
     )
 
 
@@ -463,6 +473,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--icl-max-tokens", type=int, help="longest ICL sequence (default train len)")
     g.add_argument("--core-bundle", help="local DCLM eval bundle folder (enables CORE)")
     g.add_argument("--core-max-per-task", type=int, help="cap items per CORE task")
+    g.add_argument(
+        "--core-tasks", nargs="+", metavar="TASK", help="CORE tasks to run (default: all)"
+    )
     g.add_argument("--seed", type=int, help="task generation seed")
     p.set_defaults(**config_defaults(EvalConfig))
     return p
@@ -475,6 +488,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(EvalConfig, args, qa_paths=qa_paths)
     if not Path(args.checkpoint).is_dir():  # before the lock, which would create the folder
         raise FileNotFoundError(f"no run or checkpoint folder {args.checkpoint}")
+    refuse_export(
+        args.checkpoint,
+        "rove eval",
+        "reads a rove checkpoint with its tokenizer and held-out data identity (an export can "
+        "run lm-eval: lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True)",
+    )
+    if cfg.core_bundle:  # a wrong bundle or task name fails now, not after the other evaluations
+        from rove.eval.core import bundle_tasks
+
+        bundle_tasks(cfg.core_bundle, cfg.core_tasks)
     out = Path(args.out) if args.out else Path(args.checkpoint) / run_files.EVAL
     with eval_output_lock(out):
         record = evaluate_checkpoint(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rove.eval.records import ruler_groups, scaled_label, scaling_key, scaling_kind
 
-__all__ = ["eval_summary_lines"]
+__all__ = ["core_notes", "eval_summary_lines"]
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -13,6 +13,20 @@ def _num(value: float | None, digits: int = 2) -> str:
 
 def _ci(ci: list[float] | None) -> str:
     return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+
+
+def core_notes(core: dict) -> list[str]:
+    """What a CORE record left out: missing task files, items cut to the window or too long."""
+    notes = []
+    if core.get("missing"):
+        notes.append(f"CORE task files missing: {', '.join(core['missing'])}")
+    for label, t in core.get("tasks", {}).items():
+        if t.get("n_cut") or t.get("n_too_long"):
+            notes.append(
+                f"CORE {label}: of {t['n_items']} items {t['n_cut']} cut to the "
+                f"{core.get('window')}-token window, {t['n_too_long']} did not fit (scored wrong)"
+            )
+    return notes
 
 
 def eval_summary_lines(record: dict) -> list[str]:
@@ -69,7 +83,8 @@ def eval_summary_lines(record: dict) -> list[str]:
             lines.append(f"  ICL: {icl['error']}")
     core = record.get("core")
     if isinstance(core, dict) and core.get("core") is not None:
-        lines.append(f"  CORE: {core['core']:.4f}")
+        lines.append(f"  CORE: {core['core']:.4f} over {len(core.get('tasks', {}))} task(s)")
+        lines += [f"  {note}" for note in core_notes(core)]
     for name, why in record.get("not_run", {}).items():
         lines.append(f"  {name.upper() if name != 'ppl' else 'perplexity'}: not run: {why}")
     return lines

@@ -9,14 +9,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from rove.functional import ATTENTION_POSITIONS
+from rove.functional import POS_CHOICES, ROTARY_POS
 from rove.rotary import CONVENTIONS
 from rove.terminal import dataclass_from_dict
 
 __all__ = ["POSITIONS", "PRESETS", "GPTConfig", "get_preset"]
 
 # what ``pos`` may be: the attention's encodings, or a learned absolute table added to the input
-POSITIONS = ("learned", *ATTENTION_POSITIONS)
+POSITIONS = ("learned", *POS_CHOICES)
 
 
 @dataclass
@@ -64,7 +64,7 @@ class GPTConfig:
         n_kv = self.n_kv_head or self.n_head
         if self.n_head % n_kv:
             raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({n_kv})")
-        if self.pos in ("rope", "rove"):
+        if self.pos in ROTARY_POS:
             rot = self.rotary_dim or self.head_dim
             if rot % 2 or rot > self.head_dim:
                 raise ValueError(

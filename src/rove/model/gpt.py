@@ -26,18 +26,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rove.functional import check_pos
+from rove.functional import ROTARY_POS, check_pos, position_tables, token_positions
 from rove.kv_cache import KVCache
 from rove.layer import RoveAttention
 from rove.model.config import GPTConfig
-from rove.rotary import (
-    SCALING_KINDS,
-    Rotary,
-    Scaling,
-    Temperature,
-    check_positions,
-    table_dtype,
-)
+from rove.rotary import SCALING_KINDS, Rotary, Scaling, Temperature
 
 __all__ = ["GPT"]
 
@@ -89,7 +82,7 @@ class GPT(nn.Module):
                 base=config.rope_base,
                 convention=config.rope_convention,  # type: ignore[arg-type]
             )
-            if config.pos in ("rope", "rove")
+            if config.pos in ROTARY_POS
             else None
         )
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
@@ -153,33 +146,26 @@ class GPT(nn.Module):
                 f"idx must be an integer tensor (batch, seq), got {idx.dtype} {tuple(idx.shape)}"
             )
         seq = idx.shape[1]
-        offset = cache.length if cache is not None else 0
-        length = None  # max(position) + 1 for dynamic NTK: known without a sync by default
-        if positions is None:
-            positions = torch.arange(offset, offset + seq, device=idx.device)
-            length = offset + seq
-        elif self.rotary is not None:
-            self.rotary.check_positions(positions, seq, batch=idx.shape[0])
-        else:
-            check_positions(positions, seq, batch=idx.shape[0])
+        start = 0 if cache is None else cache.length
+        at = token_positions(
+            self.rotary, positions, seq, batch=idx.shape[0], device=idx.device, offset=start
+        )
         x = self.wte(idx)
         tables = None
         if self.wpe is not None:
-            top = int(positions.max()) + 1 if positions.numel() else 0
+            top = int(at.tensor.max()) + 1 if at.tensor.numel() else 0
             if top > self.config.block_size:
                 raise ValueError(
                     f"position {top - 1} is beyond the learned position table "
                     f"(block_size {self.config.block_size}); rotary models can go further"
                 )
-            x = x + self.wpe(positions)
-        elif self.rotary is not None:
-            tables = self.rotary.tables(
-                positions, table_dtype(self.wte.weight.dtype), seq_len=length
-            )
+            x = x + self.wpe(at.tensor)
+        elif self.rotary is not None:  # computed once, for every layer
+            (tables,) = position_tables(self.rotary, self.wte.weight.dtype, at)
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(
-                x, positions=positions, doc_ids=doc_ids, tables=tables, cache=cache, layer_idx=i
+                x, positions=at.tensor, doc_ids=doc_ids, tables=tables, cache=cache, layer_idx=i
             )
         if cache is not None:
             cache.advance(seq)

@@ -25,6 +25,7 @@ from rove.eval.records import (
     scaling_kind,
 )
 from rove.eval.ruler import RULER_GROUPS, RULER_TASKS
+from rove.eval.summary import core_notes
 from rove.report.plots import (
     has_ruler_data,
     longest_position_length,
@@ -506,6 +507,13 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
     if any(isinstance(r.get("core"), dict) and "core" in r["core"] for r in runs):
         rows = [[label, _cell(runs, label, _value_at("core", "core"), 4)] for label in labels]
         lines += ["", "## CORE (DCLM, centered accuracy)", "", *_table(["method", "CORE"], rows)]
+        notes = dict.fromkeys(
+            f"- {note}"
+            for r in runs
+            if isinstance(r.get("core"), dict)
+            for note in core_notes(r["core"])
+        )
+        lines += ["", *notes] if notes else []
     if not_run := _not_run(runs):
         lines += ["", "## Not run", "", *not_run]
     lines += ["", "## Paired comparison", "", *table, "", "## Training", ""]

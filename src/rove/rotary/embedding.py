@@ -17,6 +17,7 @@ from typing import Literal
 
 import torch
 
+import rove.kernels as kernels
 from rove.rotary.frequencies import RotaryFrequencies, Scaling, rotary_frequencies
 from rove.rotation import Convention, check_convention, rotation_tables, table_dtype
 
@@ -264,8 +265,6 @@ class Rotary:
         ``offset + arange(T)`` (``offset`` is the number of tokens already in a KV cache).
         ``inverse=True`` applies ``R_(-p)``.
         """
-        from rove.kernels import rotate as rotate_fast  # kernels depend on this module
-
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', x)!r}")
         if not 2 <= x.ndim <= 4:
@@ -283,7 +282,7 @@ class Rotary:
                     f"(B, H, T, D), got {tuple(x.shape)}; give ({length},) positions"
                 )
         cos, sin = self.tables(positions, table_dtype(x.dtype))
-        return rotate_fast(x, cos, sin, convention=self.convention, inverse=inverse)
+        return kernels.rotate(x, cos, sin, convention=self.convention, inverse=inverse)
 
     def unrotate(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0

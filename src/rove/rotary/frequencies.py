@@ -147,13 +147,16 @@ def _yarn(
 
 Schedule = Callable[..., RotaryFrequencies]
 
-SCHEDULES: dict[str, Schedule] = {
-    "default": _default,
-    "linear": _linear,
-    "ntk": _ntk,
-    "dynamic-ntk": _dynamic_ntk,
-    "yarn": _yarn,
-}
+# read-only: a kind added here at run time would bypass SCALING_KINDS, fixed at import
+SCHEDULES: Mapping[str, Schedule] = MappingProxyType(
+    {
+        "default": _default,
+        "linear": _linear,
+        "ntk": _ntk,
+        "dynamic-ntk": _dynamic_ntk,
+        "yarn": _yarn,
+    }
+)
 
 # the kinds a Scaling may name: every schedule but the unscaled one, which is ``None``
 SCALING_KINDS: tuple[str, ...] = tuple(kind for kind in SCHEDULES if kind != "default")

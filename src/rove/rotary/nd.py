@@ -38,6 +38,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
+import rove.kernels as kernels
 from rove.rotation import Convention, check_convention, table_dtype
 
 __all__ = ["LAYOUTS", "Layout", "NDRotary", "grid_positions"]
@@ -234,11 +235,9 @@ class NDRotary(nn.Module):
         """
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"x has last dim {x.shape[-1]}, expected head_dim {self.head_dim}")
-        from rove.kernels import rotate  # kernels depend on rove.rotary
-
         self.check_positions(positions, x.shape[-2])
         cos, sin = self.tables(positions, table_dtype(x.dtype))
-        return rotate(x, cos, sin, convention=self.convention, inverse=inverse)
+        return kernels.rotate(x, cos, sin, convention=self.convention, inverse=inverse)
 
     def unrotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Apply ``R_p^-1 = R_(-p)``: RoVE's output rotation back into the query's frame."""

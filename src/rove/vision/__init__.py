@@ -9,11 +9,10 @@ at larger resolutions; see ``docs/vision.md``.
 
 from rove.vision.cli import main
 from rove.vision.data import ImageData, load_cifar10, load_digits, resize
-from rove.vision.model import ROTARY, ViT, ViTConfig, variants
+from rove.vision.model import ViT, ViTConfig, variants
 from rove.vision.training import TrainSettings, evaluate, run_comparison, train_vit
 
 __all__ = [
-    "ROTARY",
     "ImageData",
     "TrainSettings",
     "ViT",

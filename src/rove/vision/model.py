@@ -32,15 +32,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rove.functional import Pos, check_pos
+from rove.functional import ROTARY_POS, Pos, check_pos
 from rove.layer import RoveAttention
 from rove.model import POSITIONS
 from rove.rotary.nd import LAYOUTS, NDRotary, grid_positions
 
-__all__ = ["POOLS", "ROTARY", "ViT", "ViTConfig", "variants"]
+__all__ = ["POOLS", "ViT", "ViTConfig", "variants"]
 
-# the position encodings that rotate by a 2-D rotary, and so have a layout
-ROTARY = ("rope", "rove")
 POOLS = ("mean", "cls")  # the mean over patches or a CLS token
 
 
@@ -89,7 +87,7 @@ class ViTConfig:
     @property
     def is_rotary(self) -> bool:
         """Whether ``pos`` rotates by the 2-D rotary (and so ``layout`` matters)."""
-        return self.pos in ROTARY
+        return self.pos in ROTARY_POS
 
     @property
     def label(self) -> str:
@@ -103,9 +101,9 @@ def variants(
     """``base`` with each position encoding of ``pos``, the rotary ones in each of ``layouts``
     (repeats dropped): learned and nope first, then per layout RoPE beside RoVE."""
     pos, layouts = list(dict.fromkeys(pos)), list(dict.fromkeys(layouts))
-    plain = [dataclasses.replace(base, pos=p) for p in pos if p not in ROTARY]
+    plain = [dataclasses.replace(base, pos=p) for p in pos if p not in ROTARY_POS]
     rotary = [
-        dataclasses.replace(base, pos=p, layout=x) for x in layouts for p in pos if p in ROTARY
+        dataclasses.replace(base, pos=p, layout=x) for x in layouts for p in pos if p in ROTARY_POS
     ]
     return plain + rotary
 
