@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+import rove.atomic
 from rove.data import (
     TokenLoader,
     data_identity,
@@ -147,7 +148,7 @@ def test_planted_symlink_is_not_written_through(tmp_path):
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
 def test_replacing_keeps_readers_of_the_old_dataset_working(tmp_path, monkeypatch, exchange):
     if not exchange:  # systems without an atomic exchange
-        monkeypatch.setattr(prep, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(rove.atomic, "exchange", lambda a, b: False)
     src = corpus_file(tmp_path / "c.jsonl")
     out = prepare(src, tmp_path / "out", shard_tokens=200)
     loader = TokenLoader(out, "train", 2, 8, shuffle=False)

@@ -11,8 +11,9 @@ import torch
 pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rove.checkpoint import save_checkpoint
 from rove.data import get_tokenizer
-from rove.hf.export import MODELING_FILE, export_model, load_exported, main
+from rove.hf.export import MODELING_FILE, export_model, export_run, load_exported, main
 from rove.model import GPT, GPTConfig
 from run_folders import save_byte_run
 
@@ -91,6 +92,16 @@ def test_modeling_file_is_self_contained():
     assert roots == {"__future__", "math", "torch", "transformers"}
 
 
+def test_modeling_file_choices_are_the_librarys():
+    """The self-contained file restates rove's choices; a new pos or convention must reach it."""
+    from rove.hf import modeling_rove_gpt
+    from rove.model import POSITIONS
+    from rove.rotary import CONVENTIONS
+
+    assert modeling_rove_gpt.POSITIONS == POSITIONS
+    assert modeling_rove_gpt.CONVENTIONS == CONVENTIONS
+
+
 @pytest.mark.parametrize("pos", ["rove", "learned"])
 def test_left_padded_batch_equals_single_rows(tmp_path, pos):
     """Padding with an attention mask (how lm-eval and HF batch generation call it) changes
@@ -122,8 +133,66 @@ def test_tokenizer_forms_match_rove(tmp_path, name):
     assert ids.count(ours.eot_token) == 1  # the special string is the EOT token in HF form
     assert theirs.decode(ours.encode(plain)) == plain
     assert theirs.eos_token_id == ours.eot_token == theirs.pad_token_id
+    assert theirs.padding_side == "left"  # for batched generate
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"  # a name transformers 4 knows
     generation = json.loads((tmp_path / "generation_config.json").read_text())
     assert generation["eos_token_id"] == ours.eot_token
+
+
+@pytest.mark.parametrize("pos", ["rove", "rope"])
+def test_batched_generate_with_padding_equals_rows(tmp_path, pos):
+    """The exported tokenizer pads on the left, so a padded batch generates each row's own
+    continuation (right padding made the short rows continue from pad tokens)."""
+    model = random_gpt(pos)
+    export_model(model, tmp_path, get_tokenizer("byte"))
+    hf, tok = load_exported(tmp_path).eval(), AutoTokenizer.from_pretrained(tmp_path)
+    prompts = ["a", "the cat sat on"]
+    batch = tok(prompts, padding=True, return_tensors="pt")
+    out = hf.generate(**batch, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    for row, prompt in enumerate(prompts):
+        ids = tok(prompt, return_tensors="pt")["input_ids"]
+        alone = hf.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+        assert torch.equal(out[row, -6:], alone[0, -6:]), prompt
+
+
+def test_stock_exports_load_their_tokenizer_without_a_prompt(tmp_path, capsys):
+    for pos in ("rope", "learned"):
+        export_model(random_gpt(pos), tmp_path / pos, get_tokenizer("byte"))
+        AutoTokenizer.from_pretrained(tmp_path / pos)
+    assert "[y/N]" not in capsys.readouterr().out
+
+
+def test_export_writes_the_runs_hf_bpe_tokenizer(tmp_path):
+    """A run trained on an ``hf:`` BPE tokenizer exports that tokenizer: same ids, same EOT."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    raw.train_from_iterator(["the cat sat on the mat", "a cat and a hat"] * 20, trainer)
+    (tmp_path / "tok").mkdir()
+    raw.save(str(tmp_path / "tok" / "tokenizer.json"))
+    bpe = get_tokenizer(f"hf:{tmp_path / 'tok'}")
+    model = random_gpt("rove", vocab_size=bpe.vocab_size)
+    save_checkpoint(  # a run as training on the hf: dataset leaves it
+        tmp_path / "run" / "checkpoints",
+        step=1,
+        model=model,
+        optimizer=None,
+        tokens=0,
+        train_config={"tokenizer": f"hf:{tmp_path / 'tok'}"},
+        tokenizer=bpe.identity(),
+    )
+    export_run(tmp_path / "run", tmp_path / "out")
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "out", trust_remote_code=True)
+    text = "the cat sat on a hat"
+    assert theirs(text, add_special_tokens=False)["input_ids"] == bpe.encode(text)
+    assert theirs.eos_token_id == bpe.eot_token and theirs.padding_side == "left"
 
 
 def test_export_cli_from_run_folder(tmp_path, capsys):

@@ -190,3 +190,92 @@ def test_rove_lm_eval_console_entry_in_subprocess(task_dir, tmp_path):
         texts = [d["text"] for d in PPL_DOCS]
         expected = word_perplexity(adapter.loglikelihood_rolling_texts(texts))
     assert results["rove_t_ppl"]["word_perplexity,none"] == pytest.approx(expected, rel=1e-4)
+
+
+def char_tokenizer():
+    """A character-level HF tokenizer for the tasks' texts (ids below the tiny models' 64)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate("<abcdefghijklmnopqrstuvwxyz .")}
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<", pad_token="<")
+
+
+def converted_llama():
+    import rove.hf
+    from test_hf_convert import tiny_model
+
+    return rove.hf.convert(tiny_model("llama", "yarn", dtype=torch.float32))
+
+
+def test_hf_rove_model_type_loads_as_rove(tmp_path):
+    """The ``hf-rove`` model (fast check; the CLI test below is slow): a saved converted folder
+    loads as RoVE, ``pos`` converts at load, a bad ``pos`` is named."""
+    from lm_eval.api.registry import get_model
+
+    import rove.eval.lm_eval_model
+    import rove.hf
+
+    model = converted_llama()
+    model.save_pretrained(tmp_path / "rove")
+    char_tokenizer().save_pretrained(tmp_path / "rove")
+    hf_rove = get_model("hf-rove")
+    for pos, expected in ((None, "rove"), ("rope", "rope")):
+        lm = hf_rove(pretrained=str(tmp_path / "rove"), pos=pos, device="cpu", batch_size=1)
+        assert rove.hf.current_pos(lm.model) == expected
+        assert type(lm.model).__name__ == "LlamaForCausalLM"
+    with pytest.raises(ValueError, match="pos must be rove or rope"):
+        hf_rove(pretrained=str(tmp_path / "rove"), pos="nope")
+
+
+@pytest.mark.slow  # five lm-eval runs: about a minute on 2 busy cores
+def test_hf_rove_on_converted_checkpoints(task_dir, tmp_path, monkeypatch):
+    """``rove lm-eval --model hf-rove`` through lm-eval's real CLI: a folder saved after
+    ``rove.hf.convert`` scores as the converted model in memory (lm-eval's own ``hf`` model on
+    the object), a stock folder with ``pos=rove`` the same, and ``pos=rope`` as the stock model."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from rove.cli import main
+
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    tok = char_tokenizer()
+    model = converted_llama()
+    for name, pos in (("rove", "rove"), ("stock", "rope")):
+        import rove.hf
+
+        rove.hf.convert(model, pos).save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    rove.hf.convert(model, "rove")
+    tasks = ["rove_t_ppl", "rove_t_mc"]
+    manager = TaskManager(include_path=str(task_dir), include_defaults=False)
+    expected = simple_evaluate(
+        model=HFLM(pretrained=model, tokenizer=tok, batch_size=2), tasks=tasks, task_manager=manager
+    )["results"]
+    stock = simple_evaluate(
+        model=HFLM(pretrained=str(tmp_path / "stock"), batch_size=2, device="cpu"),
+        tasks=tasks,
+        task_manager=manager,
+    )["results"]
+
+    def cli(folder: str, extra: str = "") -> dict:
+        out = tmp_path / f"out-{folder}{extra.replace('=', '-')}"
+        args = ["lm-eval", "--model", "hf-rove", "--tasks", ",".join(tasks), "--device", "cpu"]
+        args += ["--model_args", f"pretrained={tmp_path / folder}{extra}", "--batch_size", "2"]
+        assert main([*args, "--include_path", str(task_dir), "--output_path", str(out)]) == 0
+        (result,) = out.rglob("results_*.json")
+        return json.loads(result.read_text())["results"]
+
+    ppl = "word_perplexity,none"
+    assert expected["rove_t_ppl"][ppl] != pytest.approx(stock["rove_t_ppl"][ppl], rel=1e-3)
+    for folder, extra, want in (
+        ("rove", "", expected),
+        ("stock", ",pos=rove", expected),
+        ("rove", ",pos=rope", stock),
+    ):
+        got = cli(folder, extra)
+        assert got["rove_t_ppl"][ppl] == pytest.approx(want["rove_t_ppl"][ppl], rel=1e-5), extra
+        assert got["rove_t_mc"]["acc,none"] == want["rove_t_mc"]["acc,none"]

@@ -6,11 +6,17 @@ summaries, ``results.json``) is written this way, so an interrupted process leav
 file or the new one, never a torn one. The temp file has an unpredictable name and is created
 with ``O_EXCL | O_NOFOLLOW``, so a file or symlink planted in the folder is never written
 through; the folder is fsynced after the rename so the new name survives a power loss.
+
+Whole folders (prepared datasets, exports) are written into a temp folder beside the target and
+swapped in by :func:`swap_in`; :func:`check_replaceable` first refuses a target holding files
+rove did not write.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import secrets
@@ -18,7 +24,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_open", "fsync_dir", "write_json_atomic", "write_text_atomic"]
+__all__ = [
+    "atomic_open",
+    "check_replaceable",
+    "exchange",
+    "fsync_dir",
+    "swap_in",
+    "write_json_atomic",
+    "write_text_atomic",
+]
 
 _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
 
@@ -65,3 +79,58 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Indented JSON with a trailing newline."""
     write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def check_replaceable(folder: Path, owned: set[str] | None, what: str) -> None:
+    """Refuse to replace ``folder`` unless it is absent, empty, or holds only ``owned`` files
+    (those of the rove ``what`` it holds, e.g. "dataset"; None when it holds none)."""
+    if folder.is_symlink():
+        raise ValueError(f"{folder} is a symbolic link; write into the folder it points to")
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise ValueError(f"{folder} exists and is not a folder")
+    foreign = sorted({p.name for p in folder.iterdir()} - (owned or set()))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (
+            f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        )
+        raise ValueError(
+            f"{folder} holds files that are not part of a rove {what} ({shown}); rove never "
+            "deletes files it did not write: choose a new or empty folder"
+        )
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two existing paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where
+    the system cannot, so the caller falls back to two renames."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def swap_in(tmp: Path, folder: Path) -> Path | None:
+    """Make the finished folder ``tmp`` appear at ``folder`` in one step.
+
+    Returns where the old ``folder`` now lies (a temp name beside it) for the caller to delete
+    the files it owns there (readers that opened them keep them), or None if there was none.
+    """
+    if not folder.exists():
+        os.rename(tmp, folder)
+        fsync_dir(folder.parent)
+        return None
+    if exchange(tmp, folder):
+        old = tmp
+    else:  # two renames: folder is missing for an instant in between
+        old = folder.parent / f".{folder.name}.tmp-{secrets.token_hex(8)}"
+        os.rename(folder, old)
+        os.rename(tmp, folder)
+    fsync_dir(folder.parent)
+    return old

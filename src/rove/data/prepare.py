@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import datetime as dt
-import errno
 import fcntl
 import hashlib
 import itertools
@@ -47,7 +45,6 @@ import multiprocessing as mp
 import os
 import platform
 import re
-import secrets
 import tempfile
 from collections import deque
 from collections.abc import Generator, Iterator
@@ -58,7 +55,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rove._version import __version__
-from rove.atomic import write_json_atomic
+from rove.atomic import check_replaceable, swap_in, write_json_atomic
 from rove.data.corpora import (
     FINEWEB_EDU,
     FOLDER_SUFFIXES,
@@ -341,26 +338,6 @@ def _dataset_files(folder: Path) -> set[str] | None:
     return {MANIFEST_NAME, *(f for f in shards if SHARD_NAME.match(f))}
 
 
-def _check_replaceable(out_dir: Path) -> None:
-    """Refuse to replace ``out_dir`` unless it is absent, empty, or only a rove dataset."""
-    if out_dir.is_symlink():
-        raise ValueError(f"{out_dir} is a symbolic link; prepare into the folder it points to")
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
-        raise ValueError(f"{out_dir} exists and is not a folder")
-    present = {p.name for p in out_dir.iterdir()}
-    foreign = sorted(present - (_dataset_files(out_dir) or set()))
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (
-            f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
-        )
-        raise ValueError(
-            f"{out_dir} holds files that are not part of a rove dataset ({shown}); rove never "
-            "deletes files it did not write: choose a new or empty folder"
-        )
-
-
 def _remove_dataset(folder: Path, names: set[str]) -> None:
     """Delete ``names`` (files rove wrote) in ``folder`` and the folder if that empties it."""
     for name in names:
@@ -404,37 +381,13 @@ def _prepare_lock(out_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two existing paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where
-    the system cannot, so the caller falls back to two renames."""
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if renameat2 is None:
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), str(a), None, str(b))
-
-
 def _move_into_place(tmp: Path, out_dir: Path) -> None:
     """Make the finished dataset in ``tmp`` appear at ``out_dir`` in one step; then delete the
     old dataset's own files (readers that opened them keep their memory maps)."""
     old_files = _dataset_files(out_dir) if out_dir.exists() else None
-    if not out_dir.exists():
-        os.rename(tmp, out_dir)
-        _fsync_dir(out_dir.parent)
-        return
-    if _exchange(tmp, out_dir):
-        old = tmp
-    else:  # two renames: out_dir is missing for an instant in between
-        old = out_dir.parent / f".{out_dir.name}.tmp-{secrets.token_hex(8)}"
-        os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-    _fsync_dir(out_dir.parent)
-    _remove_dataset(old, old_files or set())
+    old = swap_in(tmp, out_dir)
+    if old is not None:
+        _remove_dataset(old, old_files or set())
 
 
 def prepare_dataset(
@@ -484,7 +437,7 @@ def prepare_dataset(
     with _prepare_lock(out_dir):
         if not force and _is_complete(out_dir, settings):  # another process just made it
             return out_dir
-        _check_replaceable(out_dir)
+        check_replaceable(out_dir, _dataset_files(out_dir), "dataset")
         _remove_stale_temps(out_dir)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
         try:

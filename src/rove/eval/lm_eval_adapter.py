@@ -161,7 +161,8 @@ def make_lm_eval_model(model: LanguageModel, tokenizer: TextCodec, **kwargs: Any
 
 @command("rove lm-eval")
 def main(argv: list[str] | None = None) -> int:
-    """``rove lm-eval ...``: lm-eval's own CLI with the ``rove`` model type registered.
+    """``rove lm-eval ...``: lm-eval's own CLI with the ``rove`` and ``hf-rove`` model types
+    registered, and Hugging Face folders saved after ``rove.hf.convert`` loading as RoVE.
 
     Everything after ``lm-eval`` is lm-eval's arguments, e.g. ``--model rove --model_args
     pretrained=RUN_DIR,max_length=64 --tasks ...``.
@@ -172,15 +173,22 @@ def main(argv: list[str] | None = None) -> int:
         raise ImportError(
             "lm-evaluation-harness is not installed; pip install rove[lm-eval]"
         ) from err
-    import rove.eval.lm_eval_model  # noqa: F401  (registers the ``rove`` model type)
+    import rove.eval.lm_eval_model  # noqa: F401  (registers the ``rove`` and ``hf-rove`` types)
+    from rove.hf import register_auto_classes
+
+    register_auto_classes()  # so `--model hf` too loads saved converted models as RoVE
 
     argv = list(argv or [])  # rove.terminal.command always passes a list
     if not argv or argv[0] in ("-h", "--help"):
         print(
             "usage: rove lm-eval [lm-eval run arguments]\n\n"
-            "lm-eval's own CLI, with the `rove` model type registered:\n"
+            "lm-eval's own CLI, with the `rove` and `hf-rove` model types registered:\n"
             "  rove lm-eval --model rove --model_args pretrained=RUN_DIR[,max_length=N,"
-            "rope_scaling=yarn] --tasks TASKS\n\nlm-eval's arguments follow.\n"
+            "rope_scaling=yarn] --tasks TASKS\n"
+            "  rove lm-eval --model hf-rove --model_args pretrained=HF_FOLDER[,pos=rove|rope,"
+            "<hf arguments>] --tasks TASKS\n"
+            "    (a folder saved after rove.hf.convert loads as RoVE; pos= converts any other)\n"
+            "\nlm-eval's arguments follow.\n"
         )
         argv = ["run", "--help"]
     saved = sys.argv

@@ -1,6 +1,7 @@
-"""lm-evaluation-harness model type ``rove``: a run folder (or checkpoint) evaluated in place.
+"""lm-evaluation-harness model types ``rove`` (a run folder or checkpoint evaluated in place) and
+``hf-rove`` (a Hugging Face checkpoint, as RoVE).
 
-Importing this module registers ``rove`` in lm-eval's model registry (lm-eval 0.4 has no plugin
+Importing this module registers both in lm-eval's model registry (lm-eval 0.4 has no plugin
 discovery for models, hence ``rove lm-eval``, which imports it before handing over to lm-eval's
 own CLI). Model arguments (``--model_args k=v,...``):
 
@@ -13,6 +14,11 @@ own CLI). Model arguments (``--model_args k=v,...``):
   float16).
 
 The request handling itself is :class:`rove.eval.lm_eval_adapter.RoveLMAdapter`.
+
+``hf-rove`` is lm-eval's own ``hf`` model (every ``hf`` argument holds) loading through
+:mod:`rove.hf.pretrained`: a folder saved after ``rove.hf.convert`` loads as RoVE without remote
+code, and ``pos=rove`` (or ``rope``) converts any checkpoint ``rove.hf.convert`` supports at load
+time, e.g. a stock RoPE model to measure what RoVE does to it before any training.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from typing import Any
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
 
 from rove.eval.lm_eval_adapter import RoveLMAdapter
 from rove.eval.protocol import LanguageModel, TextCodec
+from rove.hf import convert, register_auto_classes
 
-__all__ = ["RoveLM"]
+__all__ = ["RoveHFLM", "RoveLM"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -119,3 +127,21 @@ class RoveLM(LM):
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         return self.adapter.generate_texts([r.args for r in requests], not disable_tqdm)
+
+
+@register_model("hf-rove")
+class RoveHFLM(HFLM):
+    """lm-eval's ``hf`` model on a checkpoint saved after ``rove.hf.convert`` (loaded as RoVE),
+    or on any supported checkpoint converted at load time with ``pos=rove|rope``."""
+
+    def __init__(self, pretrained: Any = None, pos: str | None = None, **kwargs: Any) -> None:
+        if pos not in (None, "rove", "rope"):
+            raise ValueError(f"pos must be rove or rope, got {pos!r}")
+        self._rove_pos = pos
+        register_auto_classes()  # saved converted models load as RoVE, without remote code
+        super().__init__(pretrained=pretrained, **kwargs)
+
+    def _create_model(self, *args: Any, **kwargs: Any) -> None:
+        super()._create_model(*args, **kwargs)
+        if self._rove_pos is not None:
+            convert(self._model, self._rove_pos)  # type: ignore[arg-type]

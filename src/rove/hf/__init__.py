@@ -2,12 +2,15 @@
 a function needs it, never by ``import rove``.
 
 - :func:`convert`: switch an HF causal LM with rotary embeddings to RoVE (or back), in place;
+  ``save_pretrained`` then writes a folder that loads as RoVE again;
+- :func:`from_pretrained`: load such a folder (or convert a stock one), no remote code;
 - :func:`export_model` / :func:`export_run`: a rove GPT as an HF model folder (``rove export``);
 - :func:`load_exported`: load any export with ``AutoModelForCausalLM``, no remote code.
 """
 
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, convert, current_pos
 from rove.hf.export import export_model, export_run, load_exported
+from rove.hf.pretrained import from_pretrained, register_auto_classes
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -15,5 +18,7 @@ __all__ = [
     "current_pos",
     "export_model",
     "export_run",
+    "from_pretrained",
     "load_exported",
+    "register_auto_classes",
 ]

@@ -133,13 +133,13 @@ class _AttentionState:
     def release(self, *_: object) -> None:
         self.tables = None
 
-    def _current_tables(self) -> Tables:
-        if self.tables is None:
-            raise RuntimeError("RoVE projection hook ran outside its attention module's forward")
-        return self.tables
+    # Called alone (as interpretability tools call them), outside the attention forward that
+    # holds the positions, the projections are their own linear maps: the hooks do nothing.
 
-    def rotate_values(self, _: nn.Module, __: tuple, out: torch.Tensor) -> torch.Tensor:
-        tables, d, packing = self._current_tables(), self.head_dim, self.layout.packing
+    def rotate_values(self, _: nn.Module, __: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        tables, d, packing = self.tables, self.head_dim, self.layout.packing
+        if tables is None:
+            return None
         if packing == "separate":
             return _rotate_heads(out, d, tables)
         if packing == "concat":  # [q | k | v]: the values are the last Hkv * D channels
@@ -150,8 +150,10 @@ class _AttentionState:
         values = _rotate_heads(per_head[..., 2 * d :].flatten(2), d, tables)
         return torch.cat((per_head[..., : 2 * d], values.view(bsz, seq, -1, d)), -1).flatten(2)
 
-    def unrotate_output(self, _: nn.Module, args: tuple) -> tuple:
-        cos, sin = self._current_tables()
+    def unrotate_output(self, _: nn.Module, args: tuple) -> tuple | None:
+        if self.tables is None:
+            return None
+        cos, sin = self.tables
         (attn,) = args
         bsz, seq, width = attn.shape
         heads = attn.view(bsz, seq, width // self.head_dim, self.head_dim).transpose(1, 2)
@@ -209,8 +211,9 @@ def convert(model: nn.Module, pos: HFPos = "rove") -> nn.Module:
     No parameter is added or changed: the same weights compute RoPE or RoVE attention, so a
     pretrained RoPE model can continue pre-training as RoVE. Supported ``config.model_type``:
     ``SUPPORTED_MODEL_TYPES`` (partial rotary included). Converting twice to the same pos is a
-    no-op. The pos lives in hooks, not in the saved weights or config: after ``from_pretrained``
-    of a RoVE-trained checkpoint, call ``convert`` again.
+    no-op. The pos is recorded in ``model.config``, so ``save_pretrained`` writes a folder that
+    loads as RoVE again (:mod:`rove.hf.pretrained`). The value and output projections called
+    alone, outside the attention forward, are their plain linear maps.
 
     Returns ``model`` (for chaining).
     """
@@ -237,4 +240,7 @@ def convert(model: nn.Module, pos: HFPos = "rove") -> nn.Module:
             delattr(module, _STATE_ATTR)
         elif pos == "rove" and state is None:
             setattr(module, _STATE_ATTR, _AttentionState(module, layout, shared))
+    from rove.hf.pretrained import mark_config
+
+    mark_config(config, pos)
     return model

@@ -19,13 +19,21 @@ uses :mod:`rove.hf.modeling_rove_gpt`, copied into the folder and loaded with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
+from rove import run_files
+from rove._version import __version__
+from rove.atomic import check_replaceable, fsync_dir, swap_in, write_json_atomic
+from rove.lock import lock_folder
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
 from rove.terminal import DefaultsFormatter, command, signature_defaults
@@ -37,6 +45,9 @@ AUTO_MAP = {
     "AutoConfig": "modeling_rove_gpt.RoveGPTConfig",
     "AutoModelForCausalLM": "modeling_rove_gpt.RoveGPTForCausalLM",
 }
+EXPORT_MANIFEST = "rove_export.json"  # the files rove wrote: a new export may replace them
+EXPORT_FORMAT = "rove-export"
+_TEMP_PREFIX = ".{}.tmp-"  # the export being written, beside its folder
 
 
 def _full_heads(cfg: GPTConfig, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -146,6 +157,8 @@ def _neox(model: GPT) -> Any:
             eos_token_id=None,
         )
     )
+    # transformers 4 reads the rotary settings under their old names (5 reads rope_parameters)
+    hf.config.rotary_pct, hf.config.rotary_emb_base = rot / cfg.head_dim, cfg.rope_base
     # rove's rotated channels in NeoX's "half" pairing, then the pass-through channels
     perm = torch.cat(
         (
@@ -219,29 +232,97 @@ def export_model(
 
     ``remote_code`` forces the self-contained RoVE modeling file for any ``pos``;
     ``max_positions`` sizes the zero position table of a NoPE export (default ``block_size``).
+    The folder is written like a checkpoint: complete in a temp folder beside ``out_dir``, then
+    swapped in whole, so ``out_dir`` holds the old export or the new one, never half of one (a
+    killed export's temp folder is removed by the next, under a lock beside ``out_dir``). It
+    must be new, empty or a rove export (never a folder holding other files, never a run folder).
     """
+    out = Path(out_dir)
+    _check_target(out)  # before the work, and again under the lock
+    hf = hf_model(model, remote_code=remote_code, max_positions=max_positions)
+    with lock_folder(out.parent, f"export folder {out}", name=f".{out.name}.lock"):
+        _check_target(out)
+        for stale in out.parent.glob(f"{_TEMP_PREFIX.format(out.name)}*"):  # killed exports'
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+        tmp = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX.format(out.name), dir=out.parent))
+        try:
+            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the export from other users
+            try:
+                _write_export(hf, model.config.vocab_size, tokenizer, tmp)
+            except (OSError, SafetensorError) as err:
+                raise OSError(
+                    f"cannot write the export {out} ({err}); nothing was written there"
+                    + (" (the export it holds is unchanged)" if out.exists() else "")
+                ) from err
+            old_files = _export_files(out)
+            old = swap_in(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if old is not None:
+            for name in old_files or set():
+                (old / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # not empty: something else is there, keep it
+                old.rmdir()
+    return out
+
+
+def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path) -> None:
+    """The export's files in ``folder``, each fsynced, with the manifest naming them last."""
     from transformers import GenerationConfig
 
-    out = Path(out_dir)
-    hf = hf_model(model, remote_code=remote_code, max_positions=max_positions)
     eot = getattr(tokenizer, "eot_token", None)
     hf.config.bos_token_id = hf.config.eos_token_id = hf.config.pad_token_id = eot
     hf.generation_config = GenerationConfig(
         bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, do_sample=False
     )
-    if tokenizer is not None and model.config.vocab_size > tokenizer.vocab_size:
+    if tokenizer is not None and vocab_size > tokenizer.vocab_size:
         # ids of the padded vocabulary tail have no text: never generate them
-        padded = range(tokenizer.vocab_size, model.config.vocab_size)
-        hf.generation_config.suppress_tokens = list(padded)
-    out.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(out)
+        hf.generation_config.suppress_tokens = list(range(tokenizer.vocab_size, vocab_size))
+    hf.save_pretrained(folder)
     if getattr(hf.config, "auto_map", None):
-        shutil.copyfile(MODELING_FILE, out / MODELING_FILE.name)
+        shutil.copyfile(MODELING_FILE, folder / MODELING_FILE.name)
     if tokenizer is not None:
-        from rove.hf.tokenizer import hf_tokenizer
+        from rove.hf.tokenizer import save_hf_tokenizer
 
-        hf_tokenizer(tokenizer).save_pretrained(out)
-    return out
+        save_hf_tokenizer(tokenizer, folder)
+    files = sorted(p.name for p in folder.iterdir())
+    manifest = {"format": EXPORT_FORMAT, "rove_version": __version__, "files": files}
+    write_json_atomic(folder / EXPORT_MANIFEST, manifest)
+    for name in files:
+        fd = os.open(folder / name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(folder)
+
+
+def _export_files(folder: Path) -> set[str] | None:
+    """Names of the files of the rove export in ``folder`` (its manifest and the files it
+    lists), or None if ``folder`` holds no readable export manifest."""
+    try:
+        manifest = json.loads((folder / EXPORT_MANIFEST).read_text(encoding="utf-8"))
+        if manifest["format"] == EXPORT_FORMAT:
+            return {EXPORT_MANIFEST, *(str(name) for name in manifest["files"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _check_target(out: Path) -> None:
+    """Refuse to write ``out`` in or over a run folder, or over files rove did not write."""
+    for folder in (out, *out.parents):  # what training writes, whatever the recipe's name
+        if (folder / run_files.CHECKPOINTS / run_files.LATEST).exists() or any(
+            (folder / name).is_file() for name in (run_files.METRICS, run_files.SUMMARY)
+        ):
+            where = "is" if folder == out else f"is inside {folder}, which is"
+            raise ValueError(
+                f"{out} {where} a run folder; rove export never writes into a run folder: "
+                "choose a folder outside it"
+            )
+    check_replaceable(out, _export_files(out), "export")
 
 
 def export_run(

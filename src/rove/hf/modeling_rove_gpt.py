@@ -25,7 +25,10 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+# rove.model.POSITIONS and rove.rotary.CONVENTIONS, restated (this file imports no rove);
+# tests/test_hf_export.py pins them to the library's
 POSITIONS = ("learned", "nope", "rope", "rove")
+CONVENTIONS = ("half", "interleaved")
 # transformers 5.24 renamed the cache argument and output field from past_key_values to cache
 _CACHE_FIELD = (
     "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -64,8 +67,10 @@ class RoveGPTConfig(PretrainedConfig):
     ) -> None:
         if pos not in POSITIONS:
             raise ValueError(f"unknown pos {pos!r}; choose one of {POSITIONS}")
-        if rope_convention not in ("half", "interleaved"):
-            raise ValueError(f"unknown rope_convention {rope_convention!r}")
+        if rope_convention not in CONVENTIONS:
+            raise ValueError(
+                f"unknown rope_convention {rope_convention!r}; choose one of {CONVENTIONS}"
+            )
         self.vocab_size, self.block_size, self.n_layer = vocab_size, block_size, n_layer
         self.n_head, self.n_kv_head, self.n_embd = n_head, n_kv_head, n_embd
         self.pos, self.shared_kv, self.rotary_dim = pos, shared_kv, rotary_dim

@@ -9,6 +9,7 @@ pieces keeps ids identical to rove's encoder, which the export tests check on mi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from rove.data.tokenizers import (
@@ -21,7 +22,7 @@ from rove.data.tokenizers import (
     _gpt2_byte_alphabet,
 )
 
-__all__ = ["hf_tokenizer"]
+__all__ = ["hf_tokenizer", "save_hf_tokenizer"]
 
 
 def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], regex: bool) -> Any:
@@ -37,7 +38,9 @@ def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], regex:
 def hf_tokenizer(tokenizer: Tokenizer) -> Any:
     """A ``transformers.PreTrainedTokenizerFast`` with the same ids as ``tokenizer``.
 
-    EOT is the EOS and BOS token (documents start with it in training) and the padding token.
+    EOT is the EOS and BOS token (documents start with it in training) and the padding token;
+    padding goes on the left, where batched ``generate`` needs it (a causal LM continues the
+    last position of every row).
     """
     from transformers import PreTrainedTokenizerFast
 
@@ -66,5 +69,22 @@ def hf_tokenizer(tokenizer: Tokenizer) -> Any:
     if raw.token_to_id(eot) != tokenizer.eot_token:
         raise ValueError(f"{eot!r} has id {raw.token_to_id(eot)}, expected {tokenizer.eot_token}")
     return PreTrainedTokenizerFast(
-        tokenizer_object=raw, eos_token=eot, bos_token=eot, pad_token=eot, unk_token=None
+        tokenizer_object=raw,
+        eos_token=eot,
+        bos_token=eot,
+        pad_token=eot,
+        unk_token=None,
+        padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],  # no token_type_ids (transformers 4)
     )
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
+    """``tokenizer``'s HF form saved in ``folder``, loadable by ``AutoTokenizer`` of
+    transformers 4 and 5: its class is recorded as ``PreTrainedTokenizerFast``, the name both
+    know (transformers 5 writes ``TokenizersBackend``, which 4.x cannot find)."""
+    hf_tokenizer(tokenizer).save_pretrained(folder)
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

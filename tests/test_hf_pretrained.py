@@ -1,0 +1,173 @@
+"""A converted model stays RoVE through ``save_pretrained`` / ``from_pretrained`` (issue 22.1).
+
+Tiny random models built from configs (no hub), as in test_hf_convert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import rove.hf  # noqa: E402
+from rove.hf.pretrained import MODEL_TYPE, REMOTE_FILE  # noqa: E402
+from test_hf_convert import VOCAB, tiny_model  # noqa: E402
+
+# (architecture, rope type): GQA, per-head q/k norms, packed per-head QKV with partial rotary
+SAVED = [("llama", "yarn"), ("qwen3", "default"), ("gpt_neox", "default"), ("phi3", "default")]
+
+FRESH_PROCESS = textwrap.dedent(
+    """
+    import sys, torch, transformers
+    root, names = sys.argv[1], sys.argv[2:]
+    ids = torch.load(f"{root}/ids.pt")
+    for name in names:  # stock, no remote code, rove not imported: refused, never RoPE
+        try:
+            transformers.AutoModelForCausalLM.from_pretrained(f"{root}/{name}")
+            raise SystemExit(f"{name}: stock transformers loaded it without remote code")
+        except ValueError as err:
+            assert "trust_remote_code=True" in str(err), err
+    for name in names:
+        folder, ref = f"{root}/{name}", torch.load(f"{root}/{name}.pt")
+        stock = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+        import rove.hf
+        ours = rove.hf.from_pretrained(folder)
+        registered = transformers.AutoModelForCausalLM.from_pretrained(folder)  # rove imported
+        for model in (stock, ours, registered):
+            assert rove.hf.current_pos(model) == "rove", name
+            with torch.no_grad():
+                assert torch.equal(model(ids).logits, ref), name
+        stock.save_pretrained(f"{folder}-again")  # saved again, still RoVE
+        again = rove.hf.from_pretrained(f"{folder}-again")
+        with torch.no_grad():
+            assert torch.equal(again(ids).logits, ref), name
+        print(name, "ok")
+    """
+)
+
+
+@pytest.mark.slow  # a second Python importing torch and transformers: ~20 s on 2 busy cores
+def test_round_trip_in_a_fresh_process(tmp_path):
+    """convert, save_pretrained, load in a new process: the same logits, by stock
+    ``AutoModelForCausalLM`` (remote code) and by ``rove.hf.from_pretrained``."""
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    torch.save(ids, tmp_path / "ids.pt")
+    names = []
+    for arch, rope in SAVED:
+        model = rove.hf.convert(tiny_model(arch, rope, dtype=torch.float32))
+        name = f"{arch}-{rope}"
+        model.save_pretrained(tmp_path / name)
+        with torch.no_grad():
+            torch.save(model(ids).logits, tmp_path / f"{name}.pt")
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        assert config["model_type"] == MODEL_TYPE
+        assert config["rove"] == {"pos": "rove", "model_type": arch}
+        assert (tmp_path / name / REMOTE_FILE.name).is_file()
+        names.append(name)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(rove.__file__).parents[1]), *sys.path])
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, str(tmp_path), *names],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # (stdout also holds transformers' "run the custom code? [y/N]" prompt, answered by EOF)
+    assert [line.split()[-2:] for line in proc.stdout.splitlines() if line.endswith(" ok")] == [
+        [name, "ok"] for name in names
+    ]
+
+
+def test_in_process_loading_and_config_only_paths(tmp_path):
+    model = rove.hf.convert(tiny_model("qwen2", dtype=torch.float32))
+    model.save_pretrained(tmp_path / "m")
+    ids = torch.randint(1, VOCAB, (1, 9))
+    with torch.no_grad():
+        ref = model(ids).logits
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+        assert type(loaded).__name__ == "Qwen2ForCausalLM"
+        assert loaded.config.model_type == "qwen2"  # in memory: the model tools know
+        assert torch.equal(loaded(ids).logits, ref)
+        fresh = transformers.AutoModelForCausalLM.from_config(loaded.config)
+        assert rove.hf.current_pos(fresh) == "rove"
+    copy = pickle.loads(pickle.dumps(model.config))
+    assert json.loads(copy.to_json_string())["model_type"] == MODEL_TYPE
+
+
+def test_converted_back_to_rope_saves_a_stock_folder(tmp_path):
+    stock = tiny_model("llama", dtype=torch.float32)
+    stock.save_pretrained(tmp_path / "stock")
+    model = rove.hf.convert(rove.hf.convert(tiny_model("llama", dtype=torch.float32)), "rope")
+    model.save_pretrained(tmp_path / "back")
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == sorted(
+        p.name for p in (tmp_path / "stock").iterdir()
+    )
+    assert (tmp_path / "back" / "config.json").read_text() == (
+        tmp_path / "stock" / "config.json"
+    ).read_text()
+
+
+def test_convert_stock_model_to_rope_changes_nothing(tmp_path):
+    model = tiny_model("gpt_neox")
+    ids = torch.randint(1, VOCAB, (2, 8))
+    with torch.no_grad():
+        before = model(ids).logits
+    config_class = type(model.config)
+    rove.hf.convert(model, "rope")
+    assert type(model.config) is config_class
+    assert rove.hf.current_pos(model) == "rope"
+    for module in model.modules():  # no hook of any kind was installed
+        assert not module._forward_hooks and not module._forward_pre_hooks, module
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "phi3"])
+def test_projections_called_alone_are_their_linear_maps(arch):
+    """Interpretability tools call a layer's value/output projection alone: outside the
+    attention forward there are no positions, so the module computes its plain linear map."""
+    model = rove.hf.convert(tiny_model(arch))
+    ids = torch.randint(1, VOCAB, (2, 8))
+    with torch.no_grad():
+        before = model(ids).logits
+        attn = next(m for m in model.modules() if type(m).__name__.endswith("Attention"))
+        names = {"llama": ("v_proj", "o_proj"), "phi3": ("qkv_proj", "o_proj")}
+        for name in names.get(arch, ("query_key_value", "dense")):
+            linear = getattr(attn, name)
+            x = torch.randn(2, 5, linear.in_features, dtype=torch.float64)
+            expected = torch.nn.functional.linear(x, linear.weight, linear.bias)
+            assert torch.equal(linear(x), expected), name
+        assert torch.equal(model(ids).logits, before)  # and the model is still RoVE
+
+
+def test_from_pretrained_converts_a_stock_folder(tmp_path):
+    tiny_model("qwen3", dtype=torch.float32).save_pretrained(tmp_path / "stock")
+    ids = torch.randint(1, VOCAB, (1, 7))
+    converted = rove.hf.convert(tiny_model("qwen3", dtype=torch.float32))
+    with torch.no_grad():
+        as_rove = rove.hf.from_pretrained(tmp_path / "stock", pos="rove")
+        torch.testing.assert_close(as_rove(ids).logits, converted(ids).logits, rtol=0, atol=0)
+        assert rove.hf.current_pos(rove.hf.from_pretrained(tmp_path / "stock")) == "rope"
+        converted.save_pretrained(tmp_path / "rove")
+        assert rove.hf.current_pos(rove.hf.from_pretrained(tmp_path / "rove", pos="rope")) == "rope"
+
+
+def test_bad_saved_state_is_named(tmp_path):
+    rove.hf.convert(tiny_model("llama")).save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["rove"] = {"pos": "rove", "model_type": "no-such-model"}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"needs 'rove'.*no-such-model"):
+        rove.hf.from_pretrained(tmp_path / "m")
