@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from rove import run_files
 from rove.atomic import write_json_atomic
+from rove.configs import check_types, dataclass_from_dict, read_json_config
 from rove.eval.suite import EvalConfig, eval_output_lock, evaluate_checkpoint
 from rove.lock import lock_folder
 from rove.model import POSITIONS
@@ -51,7 +52,6 @@ from rove.terminal import (
     DefaultsFormatter,
     command,
     config_defaults,
-    dataclass_from_dict,
     interactive,
     key_value,
 )
@@ -90,6 +90,9 @@ class CompareConfig:
     baseline: str = "rope"  # the position encoding the others are compared against
     title: str = "RoPE vs RoVE comparison"
 
+    def __post_init__(self) -> None:
+        check_types(self)
+
     def validate(self) -> None:
         """Every run's config, before any work: a typo must not surface after the first model
         has trained for hours. Raises ``ValueError`` naming the problem."""
@@ -100,8 +103,6 @@ class CompareConfig:
             raise ValueError(
                 f"baseline {self.baseline!r} is not one of the compared encodings, pos {self.pos}"
             )
-        if not isinstance(self.eval, EvalConfig):
-            raise ValueError(f"eval must be an EvalConfig, got {type(self.eval).__name__}")
         for pos in self.pos:
             for seed in self.seeds:
                 self.train_config(pos, seed).resolve()
@@ -401,7 +402,7 @@ def config_from_dict(data: dict[str, Any]) -> CompareConfig:
     field names (``RENAMED_FIELDS``); unknown keys are refused."""
     data = _current_names(data)
     if "eval" in data:
-        data = {**data, "eval": dataclass_from_dict(EvalConfig, data["eval"])}
+        data = {**data, "eval": dataclass_from_dict(EvalConfig, data["eval"], field="eval")}
     return dataclass_from_dict(CompareConfig, data)
 
 
@@ -473,11 +474,15 @@ def config_from_args(
 
 
 def _read_config(path: str) -> dict[str, Any]:
-    """The CompareConfig fields of a ``--config`` file, under their current names."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object of CompareConfig fields")
-    return _current_names(data)
+    """The CompareConfig fields of a ``--config`` file, under their current names, checked
+    (types, names) before the command line is laid over them: an error names the file."""
+    data = read_json_config(path, "CompareConfig")
+    try:
+        data = _current_names(data)
+        config_from_dict(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return data
 
 
 @command("rove compare")

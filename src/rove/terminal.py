@@ -10,7 +10,6 @@
   takes its defaults from the dataclass, so each default is written once;
   :func:`signature_defaults` does the same for a command line over a function.
 - :class:`DefaultsFormatter`: ``--help`` shows those defaults (never restated in help strings).
-- :func:`dataclass_from_dict`: a config from a JSON file or dict, an unknown key refused by name.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ __all__ = [
     "command",
     "config_defaults",
     "config_from_args",
-    "dataclass_from_dict",
     "interactive",
     "key_value",
     "signature_defaults",
@@ -150,14 +148,3 @@ def config_from_args(cls: type[Config], args: argparse.Namespace, **given: Any) 
     """An instance of dataclass ``cls`` from the parsed fields of the same name, plus ``given``."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # cls is a dataclass
     return cls(**{**{k: v for k, v in vars(args).items() if k in names}, **given})
-
-
-def dataclass_from_dict(cls: type[Config], data: dict[str, Any]) -> Config:
-    """``cls(**data)``, but an unknown key (a typo) is a ``ValueError`` naming it and the known
-    fields, never a ``TypeError`` from the constructor or a silently ignored setting."""
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # cls is a dataclass
-    if unknown := sorted(set(data) - known):
-        raise ValueError(
-            f"unknown {cls.__name__} field(s) {unknown}; known fields: {sorted(known)}"
-        )
-    return cls(**data)

@@ -33,6 +33,7 @@ import torch
 
 from rove import run_files
 from rove.atomic import write_json_atomic
+from rove.configs import check_types
 from rove.eval.icl import ICL_TASKS, evaluate_icl
 from rove.eval.perplexity import perplexity_vs_length
 from rove.eval.protocol import LanguageModel
@@ -108,6 +109,13 @@ class EvalConfig:
     seed: int = 0  # seeds task generation (the same for every model compared)
 
     def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("ppl_multiples", "ruler_multiples"):  # 0 would score a length of 1
+            if not all(math.isfinite(m) and m > 0 for m in getattr(self, name)):
+                raise ValueError(f"{name} must be positive numbers, got {getattr(self, name)}")
+        for name in ("ppl_lengths", "ruler_lengths"):
+            if any(n < 1 for n in getattr(self, name) or []):
+                raise ValueError(f"{name} must be positive ints, got {getattr(self, name)}")
         bad_qa = sorted(set(self.qa_paths) - {"qa_squad", "qa_hotpot"})
         if bad_qa:
             raise ValueError(f"unknown qa_paths key(s) {bad_qa}; use qa_squad, qa_hotpot")

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from rove.configs import check_types, dataclass_from_dict
 from rove.data.tokenizers import TOKENIZERS
 from rove.model import POSITIONS, PRESETS, GPTConfig, get_preset
 from rove.precision import DTYPES
-from rove.terminal import dataclass_from_dict
 from rove.train.distributed import PARALLEL
 from rove.train.schedule import LR_SCHEDULES
 
@@ -194,6 +194,7 @@ class TrainConfig:
     wandb_project: str = "rove"  # W&B project, when "wandb" is in loggers
 
     def __post_init__(self) -> None:
+        check_types(self)
         self.validate()
 
     # ------------------------------------------------------------------ validation
