@@ -5,7 +5,9 @@ Every file that another step trusts (manifests, shards, checkpoints' ``latest`` 
 summaries, ``results.json``) is written this way, so an interrupted process leaves either the old
 file or the new one, never a torn one. The temp file has an unpredictable name and is created
 with ``O_EXCL | O_NOFOLLOW``, so a file or symlink planted in the folder is never written
-through; the folder is fsynced after the rename so the new name survives a power loss.
+through; the folder is fsynced after the rename so the new name survives a power loss. A process
+killed mid-write leaves its temp file (``.<name>.tmp-<16 hex>``); :func:`remove_temp_files` is
+how the next process that owns the folder clears them.
 """
 
 from __future__ import annotations
@@ -13,14 +15,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_open", "fsync_dir", "write_json_atomic", "write_text_atomic"]
+__all__ = [
+    "atomic_open",
+    "fsync_dir",
+    "remove_temp_files",
+    "write_json_atomic",
+    "write_text_atomic",
+]
 
 _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+_TEMP = re.compile(r"^\..+\.tmp-[0-9a-f]{16}$")  # atomic_open's temp file names
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -43,7 +53,7 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     if "w" not in mode:
         raise ValueError(f"atomic_open writes a new file; mode must contain 'w', got {mode!r}")
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(8)}")
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(8)}")  # matches _TEMP
     encoding = None if "b" in mode else "utf-8"
     fd = os.open(tmp, _EXCLUSIVE, 0o666)  # permissions as umask allows, like open()
     try:
@@ -65,3 +75,16 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Indented JSON with a trailing newline."""
     write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def remove_temp_files(folder: str | Path) -> list[Path]:
+    """Delete the temp files that killed atomic writes left in ``folder`` (not recursive);
+    returns them. Only for the folder's owner (e.g. under its lock): a live writer's temp file
+    has the same form."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stale = [p for p in folder.iterdir() if _TEMP.match(p.name) and not p.is_dir()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale

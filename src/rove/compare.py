@@ -54,6 +54,7 @@ from rove.terminal import (
     config_defaults,
     interactive,
     key_value,
+    raise_on_signals,
 )
 from rove.train import TrainConfig, train
 from rove.train.config import LOCATION_FIELDS, run_fingerprint
@@ -504,9 +505,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_and_print(prog: str, cfg: CompareConfig, *, progress: bool, force: bool) -> int:
-    """``run_compare`` for a command line; an interrupted run says how to continue."""
+    """``run_compare`` for a command line; an interrupted run says how to continue, also when
+    the signal comes between runs (``raise_on_signals``; training installs its own handler)."""
+    kept = (
+        f"finished runs and evaluations are kept in {cfg.out_dir}; run the same command again "
+        "to continue"
+    )
     try:
-        report = run_compare(cfg, progress=progress, force=force)
+        with raise_on_signals(kept):
+            report = run_compare(cfg, progress=progress, force=force)
     except TrainingInterrupted as err:
         print(f"{prog}: {err}; run the same command again to continue", file=sys.stderr)
         return err.exit_code

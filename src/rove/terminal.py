@@ -4,6 +4,9 @@
 - :func:`command`: a user error (bad value, missing or locked folder, full disk, missing extra)
   is one ``rove <cmd>: error: ...`` line and exit status 2, never a traceback; ``--debug`` (or
   ``ROVE_DEBUG=1``) shows the traceback instead. Anything else is a bug and keeps its traceback.
+  An :class:`Interrupted` command says what it kept and exits 128 + the signal number.
+- :func:`raise_on_signals`: SIGTERM / SIGINT become :class:`Interrupted`, so a command stopped
+  by a signal says what it kept instead of dying silently with 143.
 - :func:`key_value`: the ``KEY=VALUE`` flags (values parsed as JSON, else kept as strings).
 - :func:`argument_type`: a library's check of a value as an argparse ``type``.
 - :func:`config_defaults` / :func:`config_from_args`: a command line over a config dataclass
@@ -15,13 +18,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import inspect
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from rove.lock import FolderLockedError
@@ -29,12 +35,14 @@ from rove.lock import FolderLockedError
 __all__ = [
     "USER_ERRORS",
     "DefaultsFormatter",
+    "Interrupted",
     "argument_type",
     "command",
     "config_defaults",
     "config_from_args",
     "interactive",
     "key_value",
+    "raise_on_signals",
     "signature_defaults",
 ]
 
@@ -45,6 +53,35 @@ Value = TypeVar("Value")
 # stale runs), files and folders (OSError: missing, a file where a folder belongs, disk full,
 # permissions), another process holding a folder, an optional extra that is not installed.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FolderLockedError, ImportError)
+
+
+class Interrupted(Exception):
+    """A signal (SIGTERM, SIGINT) stopped a command; the message says what was kept."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum  # the shell's convention for death by a signal
+        super().__init__(message)
+
+
+@contextlib.contextmanager
+def raise_on_signals(kept: str) -> Iterator[None]:
+    """Inside, SIGTERM and SIGINT raise ``Interrupted`` ("stopped by SIGTERM; ``kept``"); the
+    previous handlers are restored after. Only the main thread can install handlers; elsewhere
+    this does nothing."""
+
+    def handle(signum: int, frame: object) -> None:
+        raise Interrupted(signum, f"stopped by {signal.Signals(signum).name}; {kept}")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class Main(Protocol):
@@ -68,6 +105,9 @@ def command(prog: str) -> Callable[[Main], Main]:
             debug = "--debug" in args or os.environ.get("ROVE_DEBUG") == "1"
             try:
                 return main([a for a in args if a != "--debug"])
+            except Interrupted as err:
+                print(f"{prog}: {err}", file=sys.stderr)
+                return err.exit_code
             except USER_ERRORS as err:
                 if debug:
                     raise

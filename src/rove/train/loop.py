@@ -50,11 +50,12 @@ from tqdm.auto import tqdm
 
 from rove import run_files
 from rove._version import __version__
-from rove.atomic import write_json_atomic
+from rove.atomic import remove_temp_files, write_json_atomic
 from rove.checkpoint import (
     Checkpoint,
     CheckpointError,
     capture_rng,
+    remove_partial_checkpoints,
     restore_model,
     restore_rng,
     resume_checkpoint,
@@ -74,7 +75,7 @@ from rove.data.prepare import MANIFEST_NAME
 from rove.lock import FolderLock, FolderLockedError, acquire
 from rove.model import GPT, GPTConfig
 from rove.precision import autocast_dtype, describe_precision
-from rove.terminal import interactive
+from rove.terminal import Interrupted, interactive
 from rove.train.config import (
     RESUMABLE_CHANGES,
     TrainConfig,
@@ -122,29 +123,41 @@ class NonFiniteLossError(FloatingPointError):
     """The training loss, gradient norm or validation loss became NaN or infinite."""
 
 
-class TrainingInterrupted(Exception):
-    """SIGTERM or SIGINT stopped the run after a step; a checkpoint of that step was written."""
+class TrainingInterrupted(Interrupted):
+    """SIGTERM or SIGINT stopped the run: after a step, of which a checkpoint was written, or
+    during start-up or the final writes (``step`` None: before the loop), having written nothing
+    since ``checkpoint``."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        self.exit_code = 128 + signum  # the shell's convention for death by a signal
+    def __init__(self, signum: int, step: int | None, checkpoint: Path | None) -> None:
+        self.step, self.checkpoint = step, checkpoint
         name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name} after step {step}; checkpoint {checkpoint}")
+        if step is None:
+            kept = f"checkpoint {checkpoint} is kept" if checkpoint else "no checkpoint yet"
+            message = f"stopped by {name} before training; nothing written to the run, {kept}"
+        else:
+            message = f"stopped by {name} after step {step}; checkpoint {checkpoint}"
+        super().__init__(signum, message)
 
 
 class _StopOnSignal:
-    """Turns SIGTERM / SIGINT into a request to stop after the current step.
+    """Turns SIGTERM / SIGINT into ``TrainingInterrupted``: during the loop after the current
+    step (``deferred``), elsewhere at once.
 
     Why not die at once: preemption (SIGTERM, then SIGKILL after a grace period) or Ctrl-C
-    would lose everything since the last checkpoint. A second signal restores the previous
-    handler and re-delivers itself, so a stuck run can still be stopped. Only the main thread
-    can install handlers; elsewhere the defaults stay.
+    would lose everything since the last checkpoint, and die without saying what was kept.
+    Outside the loop (start-up, the final writes) there is no step to finish, and every file is
+    written atomically, so the exception is raised where the signal lands. A second signal
+    restores the previous handler and re-delivers itself, so a stuck run can still be stopped.
+    Only the main thread can install handlers; elsewhere the defaults stay.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
         self.signum = 0
+        self.deferred = False  # in the loop: stop after the step
+        self.step: int | None = None  # the finished loop's last step (None: before the loop)
+        self.checkpoint: Path | None = None  # the newest checkpoint, named when stopping
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -162,6 +175,8 @@ class _StopOnSignal:
             signal.raise_signal(signum)
             return
         self.signum = signum
+        if not self.deferred:
+            raise TrainingInterrupted(signum, self.step, self.checkpoint)
         log.warning("%s: stopping after this step", signal.Signals(signum).name)
 
     def requested(self, info: DistInfo) -> int:
@@ -441,15 +456,22 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
     ``TrainingInterrupted`` after saving a checkpoint when SIGTERM or SIGINT arrives.
     """
     cfg = cfg.resolve()
-    info = init_distributed(cfg.device)
+    stop = _StopOnSignal()
+    stop.install()
     try:
-        with _run_lock(Path(cfg.out_dir) / cfg.run_name, info):
-            return _train(cfg, info, progress=progress, resume=resume)
+        info = init_distributed(cfg.device)
+        try:
+            with _run_lock(Path(cfg.out_dir) / cfg.run_name, info):
+                return _train(cfg, info, stop, progress=progress, resume=resume)
+        finally:
+            shutdown_distributed(info)
     finally:
-        shutdown_distributed(info)
+        stop.restore()
 
 
-def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: bool) -> Path:
+def _train(
+    cfg: ResolvedTrainConfig, info: DistInfo, stop: _StopOnSignal, *, progress: bool, resume: bool
+) -> Path:
     """:func:`train` inside the run folder's lock, as a sequence of steps.
 
     Their order is part of the behaviour: a resume is checked before any data is prepared,
@@ -459,7 +481,10 @@ def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: 
     started = time.perf_counter()
     grad_accum = cfg.grad_accum_steps(info.world_size)  # a batch that does not divide fails first
     run_dir = Path(cfg.out_dir) / cfg.run_name
+    if info.is_main:
+        _remove_leftovers(run_dir)
     ckpt = _start_point(run_dir, cfg, resume)
+    stop.checkpoint = ckpt.path if ckpt is not None else None
     data = _prepare_run_data(cfg, info, progress)
     run = _build_run(cfg, info, run_dir, data, grad_accum, ckpt, started)
     state = _resume_state(run, ckpt) if ckpt is not None else _Progress()
@@ -470,13 +495,24 @@ def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: 
     _write_run_config(run)
     # a bar only on a terminal (in a file it is \r noise); otherwise one log line per validation
     show_bar = progress and info.is_main and interactive()
-    _train_steps(run, state, model, compiled, show_bar=show_bar)
+    _train_steps(run, state, model, compiled, stop, show_bar=show_bar)
     _write_run_summary(run, state)
     barrier(info)
     return run_dir
 
 
 # ---------------------------------------------------------------------------- run set-up
+def _remove_leftovers(run_dir: Path) -> None:
+    """Delete the temp files and half-written checkpoint folders of a killed earlier process
+    (this one holds the run folder's lock, so none of them is being written)."""
+    removed = [
+        *remove_temp_files(run_dir),
+        *remove_partial_checkpoints(run_dir / run_files.CHECKPOINTS),
+    ]
+    if removed:
+        log.warning("removed what an interrupted run left: %s", ", ".join(map(str, removed)))
+
+
 def _start_point(run_dir: Path, cfg: TrainConfig, resume: bool) -> Checkpoint | None:
     """The checkpoint to resume from, or None to start at step 0.
 
@@ -616,6 +652,7 @@ def _train_steps(
     state: _Progress,
     model: torch.nn.Module,
     compiled: torch.nn.Module,
+    stop: _StopOnSignal,
     *,
     show_bar: bool,
 ) -> None:
@@ -643,8 +680,7 @@ def _train_steps(
         disable=not show_bar,
         dynamic_ncols=True,
     )
-    stop = _StopOnSignal()
-    stop.install()
+    stop.deferred = True
     try:
         if state.step == 0 and cfg.eval_interval > 0:  # the untrained model starts the curve
             val_loss = _validate(run, compiled, 0, state.last_ckpt)
@@ -663,7 +699,7 @@ def _train_steps(
             _checkpoint_or_stop(run, state, stop)
             _show_progress(bar, state, record)
     finally:
-        stop.restore()
+        stop.deferred, stop.step, stop.checkpoint = False, state.step, state.last_ckpt
         bar.close()
         metrics.close()
 
