@@ -69,7 +69,7 @@ def test_loss_falls_and_run_dir_contents(data_dir, tmp_path):
     assert summary["steps"] == 30 and summary["tokens"] == 30_720
     assert summary["final_val_loss"] == vals[30]
     assert summary["tokens_per_s"] > 0 and summary["autocast"] == "fp32"
-    stored = json.loads((run_dir / "config.json").read_text())
+    stored = json.loads((run_dir / "recipe.json").read_text())
     assert TrainConfig.from_dict(stored["train"]) == cfg.resolve()
     assert stored["model"]["vocab_size"] == 320 and stored["model"]["pos"] == "rove"
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())

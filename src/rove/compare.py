@@ -135,7 +135,7 @@ def _curve(run_dir: Path) -> list[dict]:
 def _stale_fields(run_dir: Path, tcfg: TrainConfig) -> list[str]:
     """'field: stored -> wanted' for each difference between the config stored in ``run_dir``
     and ``tcfg`` (empty if they have the same fingerprint, or nothing is stored yet)."""
-    stored_file = run_dir / run_files.CONFIG
+    stored_file = run_files.recipe_file(run_dir)
     if not stored_file.is_file():
         return []
     stored = json.loads(stored_file.read_text(encoding="utf-8"))["train"]
@@ -204,7 +204,7 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
         if record is None or not _eval_is_current(record, cfg, summary):
             record = evaluate_checkpoint(run_dir, cfg.eval, progress=progress)
             write_json_atomic(eval_file, record)
-    stored = json.loads((run_dir / run_files.CONFIG).read_text(encoding="utf-8"))["train"]
+    stored = json.loads(run_files.recipe_file(run_dir).read_text(encoding="utf-8"))["train"]
     return {
         **record,
         "label": pos,

@@ -4,7 +4,7 @@ Why a dataclass with ``None`` sentinels: the right learning rate, batch and data
 model size, so ``TrainConfig(preset="gpt2-124m")`` must mean the paper's recipe and
 ``TrainConfig(preset="nano")`` a seconds-long CPU run. A field left at ``None`` takes its value
 from ``RECIPES[preset]`` in :meth:`TrainConfig.resolve`; the resolved config (no ``None`` left
-except genuinely optional fields) is what a run stores in ``config.json`` and every checkpoint.
+except genuinely optional fields) is what a run stores in ``recipe.json`` and every checkpoint.
 
 The paper recipe (section 3 of the project's paper notes; the paper itself gives no optimiser
 settings, so this is the standard GPT-2 recipe it is assumed to follow):

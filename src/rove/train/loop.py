@@ -2,7 +2,7 @@
 
 Run directory (``<out_dir>/<run_name>/``)::
 
-    config.json     resolved TrainConfig + GPTConfig + tokenizer identity + world size
+    recipe.json     resolved TrainConfig + GPTConfig + tokenizer identity + world size
     metrics.jsonl   one record per step (loss, lr, tokens, tok/s, grad norm, val loss, MFU)
     checkpoints/    see rove.checkpoint
     summary.json    final train/val loss, tokens, wall time, tokens/s
@@ -627,12 +627,12 @@ def _compile_and_wrap(run: _Run) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def _write_run_config(run: _Run) -> None:
-    """Rank 0 writes ``config.json``: what the run is, for resume checks, compare and eval."""
+    """Rank 0 writes ``recipe.json``: what the run is, for compare, eval and ``--config``."""
     barrier(run.info)  # every rank has checked the run directory before rank 0 writes to it
     if run.info.is_main:
         run.dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(
-            run.dir / run_files.CONFIG,
+            run.dir / run_files.RECIPE,
             {
                 "train": run.cfg.to_dict(),
                 "fingerprint": run_fingerprint(run.cfg.to_dict()),  # what compare reuses by
