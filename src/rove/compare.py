@@ -57,7 +57,7 @@ from rove.terminal import (
     raise_on_signals,
 )
 from rove.train import TrainConfig, train
-from rove.train.config import LOCATION_FIELDS, run_fingerprint
+from rove.train.config import LOCATION_FIELDS, check_data_tokenizer, run_fingerprint
 from rove.train.loop import TrainingInterrupted
 from rove.train.metrics import read_metrics
 
@@ -106,7 +106,7 @@ class CompareConfig:
             )
         for pos in self.pos:
             for seed in self.seeds:
-                self.train_config(pos, seed).resolve()
+                check_data_tokenizer(self.train_config(pos, seed).resolve())
 
     def run_name(self, pos: str, seed: int) -> str:
         return f"{pos}-seed{seed}"
@@ -219,8 +219,9 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
 
 def _setup_line(cfg: CompareConfig, runs: list[dict]) -> str:
     t = runs[0]["train"]
+    tcfg = cfg.train_config(cfg.pos[0], cfg.seeds[0]).resolve()  # a prepared folder, or a corpus
     return (
-        f"Preset {cfg.train.get('preset', 'tiny')}, data {cfg.train.get('data') or 'default'}, "
+        f"Preset {tcfg.preset}, data {tcfg.data_dir or tcfg.data}, "
         f"{t.get('tokens')} training tokens per model, {t.get('params')} parameters; "
         f"{t.get('device_name') or t.get('device')}, torch {torch.__version__}, "
         f"{dt.date.today().isoformat()}."

@@ -384,12 +384,11 @@ def evaluate_checkpoint(
     ``data``/``data_dir`` evaluate on other held-out text instead (see ``_held_out_tokens``).
     """
     from rove.checkpoint import load_model
-    from rove.data import check_tokenizer_identity, get_tokenizer
+    from rove.data import checkpoint_tokenizer
 
     model, meta = load_model(path, device=device)
     train_cfg = meta["train_config"]
-    tokenizer = get_tokenizer(meta["tokenizer"]["name"])
-    check_tokenizer_identity(meta["tokenizer"], tokenizer.identity(), f"checkpoint {path}")
+    tokenizer = checkpoint_tokenizer(meta, f"checkpoint {path}")  # hf:PATH, not its hash
     tokens, data_record = _held_out_tokens(meta, tokenizer, data, data_dir)
     with torch.inference_mode():
         record = evaluate_model(model, tokenizer, tokens, cfg, progress=progress)

@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING
 
 from rove import run_files
 from rove.configs import read_json_config
+from rove.data.tokenizers import check_tokenizer_name
 from rove.model import POSITIONS, PRESETS, GPTConfig
 from rove.rotary import CONVENTIONS
-from rove.terminal import DefaultsFormatter, command, config_defaults, key_value
+from rove.terminal import DefaultsFormatter, argument_type, command, config_defaults, key_value
 from rove.terminal import config_from_args as fields_from_args
 from rove.train.config import (
     DECAY_SHAPES,
@@ -91,7 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("data")
     g.add_argument("--data", help=f"'stdlib', 'fineweb-edu' or a local path; {RECIPE}")
-    g.add_argument("--tokenizer", choices=TOKENIZERS, help=f"tokenizer; {RECIPE}")
+    g.add_argument(
+        "--tokenizer",
+        type=argument_type(check_tokenizer_name),
+        help=f"{', '.join(TOKENIZERS)} or hf:PATH (a local tokenizer.json); default: the "
+        "prepared --data-dir's, else from the preset's recipe",
+    )
     g.add_argument("--data-dir", help="prepared data folder; default: rove's data cache")
     g.add_argument("--data-max-tokens", type=int, help="prepare at most this many tokens")
     g.add_argument("--seq-len", type=int, help="training context; default: the preset's")

@@ -80,6 +80,7 @@ from rove.train.config import (
     RESUMABLE_CHANGES,
     TrainConfig,
     build_model_config,
+    check_data_tokenizer,
     run_fingerprint,
 )
 from rove.train.distributed import (
@@ -456,6 +457,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
     ``TrainingInterrupted`` after saving a checkpoint when SIGTERM or SIGINT arrives.
     """
     cfg = cfg.resolve()
+    check_data_tokenizer(cfg)  # before the run folder is made or locked
     stop = _StopOnSignal()
     stop.install()
     try:
