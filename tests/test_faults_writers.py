@@ -131,10 +131,10 @@ def test_signal_during_start_up_says_what_was_kept(
     err = capsys.readouterr().err.strip().splitlines()
     name = signal.Signals(signum).name
     assert err[-1] == (
-        f"rove train: stopped by {name} before training; nothing written to the run, "
-        "no checkpoint yet; continue with --resume"
+        f"rove train: stopped by {name} during start-up, before this session's first step; "
+        "no step trained yet; continue with --resume"
     )
-    with pytest.raises(TrainingInterrupted, match="before training"):
+    with pytest.raises(TrainingInterrupted, match="during start-up"):
         train(cfg, progress=False)
     assert signal.getsignal(signal.SIGTERM).__name__ == "fail"  # the caller's handler is back
 

@@ -133,8 +133,8 @@ class TrainingInterrupted(Interrupted):
         self.step, self.checkpoint = step, checkpoint
         name = signal.Signals(signum).name
         if step is None:
-            kept = f"checkpoint {checkpoint} is kept" if checkpoint else "no checkpoint yet"
-            message = f"stopped by {name} before training; nothing written to the run, {kept}"
+            kept = f"checkpoint {checkpoint} is kept" if checkpoint else "no step trained yet"
+            message = f"stopped by {name} during start-up, before this session's first step; {kept}"
         else:
             message = f"stopped by {name} after step {step}; checkpoint {checkpoint}"
         super().__init__(signum, message)
