@@ -101,7 +101,8 @@ def settings(data_dir: Path, out_dir: Path, **kw) -> dict:
 def argv(values: dict) -> list[str]:
     out = ["--no-progress"]
     for key, value in values.items():
-        out += [f"--{key.replace('_', '-')}", str(value)]
+        flag = "--out" if key == "out_dir" else f"--{key.replace('_', '-')}"
+        out += [flag, str(value)]
     return out
 
 

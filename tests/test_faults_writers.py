@@ -126,7 +126,7 @@ def test_signal_during_start_up_says_what_was_kept(
 
     monkeypatch.setattr(loop_module, "_prepare_run_data", signalled)
     cfg = nano(data_dir, tmp_path)
-    args = ["--preset", "nano", "--data-dir", str(data_dir), "--out-dir", str(tmp_path)]
+    args = ["--preset", "nano", "--data-dir", str(data_dir), "--out", str(tmp_path)]
     assert train_main([*args, "--max-steps", "20", "--no-progress"]) == 128 + signum
     err = capsys.readouterr().err.strip().splitlines()
     name = signal.Signals(signum).name
@@ -202,7 +202,7 @@ def test_checkpoint_past_the_file_size_limit_names_the_path_and_what_was_kept(
 def test_rove_train_past_the_file_size_limit_is_one_error_line(
     data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    args = ["--preset", "nano", "--data-dir", str(data_dir), "--out-dir", str(tmp_path)]
+    args = ["--preset", "nano", "--data-dir", str(data_dir), "--out", str(tmp_path)]
     args += ["--max-steps", "2", "--warmup-steps", "1", "--tokens-per-step", "128"]
     args += ["--micro-batch", "4", "--eval-interval", "0", "--eval-tokens", "128"]
     args += ["--dtype", "fp32", "--run-name", "run", "--no-progress"]

@@ -69,14 +69,14 @@ def test_train_reads_the_tokenizer_from_the_data_and_evaluates(
     tokenizer = get_tokenizer(bpe)
     assert load_manifest(data)["tokenizer_spec"] == f"hf:{tokenizer.path}"
     out = str(tmp_path)
-    assert train_main([*NANO, "--data-dir", str(data), "--out-dir", out]) == 0, capsys.readouterr()
+    assert train_main([*NANO, "--data-dir", str(data), "--out", out]) == 0, capsys.readouterr()
     run = tmp_path / "nano-rove-seed0"
     recipe = json.loads((run / run_files.RECIPE).read_text())
     assert recipe["train"]["tokenizer"] == f"hf:{tokenizer.path}"
     assert recipe["tokenizer"] == tokenizer.identity()
     assert recipe["model"]["vocab_size"] == 448  # 400 padded to a multiple of 64
     # the same with the tokenizer given, as a path to its folder: the same identity resumes
-    given = ["--data-dir", str(data), "--out-dir", out, "--tokenizer", bpe, "--run-name", "given"]
+    given = ["--data-dir", str(data), "--out", out, "--tokenizer", bpe, "--run-name", "given"]
     assert train_main([*NANO, *given]) == 0
     evaluation = EvalConfig(
         ppl_lengths=[32], ppl_tokens=64, scalings=[], ruler=False,
@@ -89,7 +89,7 @@ def test_train_reads_the_tokenizer_from_the_data_and_evaluates(
 def test_a_tokenizer_that_is_not_the_data_s_is_named_before_any_work(
     data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    args = [*NANO, "--data-dir", str(data), "--out-dir", str(tmp_path), "--tokenizer", "byte"]
+    args = [*NANO, "--data-dir", str(data), "--out", str(tmp_path), "--tokenizer", "byte"]
     assert train_main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"rove train: error: data in {data}: tokenizer mismatch: ")

@@ -161,7 +161,7 @@ def test_huge_lr_is_caught(data_dir, tmp_path):
 def test_cli_trains(data_dir, tmp_path, capsys):
     argv = ["--preset", "nano", "--pos", "rope", "--data-dir", str(data_dir)]
     argv += ["--max-steps", "3", "--warmup-steps", "1", "--eval-tokens", "1024"]
-    argv += ["--out-dir", str(tmp_path), "--no-progress", "--dtype", "fp32"]
+    argv += ["--out", str(tmp_path), "--no-progress", "--dtype", "fp32"]
     assert main(argv) == 0
     assert "3 steps" in capsys.readouterr().out
     assert main(argv) == 2  # the run exists and --resume was not given

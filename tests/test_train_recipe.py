@@ -106,3 +106,14 @@ def test_a_bad_config_file_is_one_line_naming_it(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"rove train: error: {path}: ")
     assert needle in err[0]
+
+
+def test_out_is_the_output_flag_and_out_dir_still_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """One output flag across commands (compare, demo, eval, data prepare take --out)."""
+    assert dry_run(capsys, "--preset", "nano", "--out", "x")["train"]["out_dir"] == "x"
+    assert main(["--preset", "nano", "--out-dir", "y", "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["train"]["out_dir"] == "y"
+    assert captured.err == "rove train: --out-dir is deprecated and will be removed; use --out\n"

@@ -13,6 +13,7 @@
   takes its defaults from the dataclass, so each default is written once;
   :func:`signature_defaults` does the same for a command line over a function.
 - :class:`DefaultsFormatter`: ``--help`` shows those defaults (never restated in help strings).
+- :class:`DeprecatedFlag`: an old spelling of a flag, still read, with one line naming the new.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from rove.lock import FolderLockedError
 __all__ = [
     "USER_ERRORS",
     "DefaultsFormatter",
+    "DeprecatedFlag",
     "Interrupted",
     "argument_type",
     "command",
@@ -182,6 +184,30 @@ class DefaultsFormatter(argparse.HelpFormatter):
             return action.help
         shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else default
         return f"{action.help} (default: {str(shown).replace('%', '%%')})"
+
+
+class DeprecatedFlag(argparse.Action):
+    """An old spelling of a flag (``add_argument("--old", dest=..., action=DeprecatedFlag,
+    replacement="--new")``): stores its value like the new flag and prints one line saying
+    which flag to use instead. Hidden from ``--help``."""
+
+    def __init__(self, option_strings: list[str], dest: str, replacement: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kw)
+        self.replacement = replacement
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"{parser.prog}: {option_string} is deprecated and will be removed; use "
+            f"{self.replacement}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
 
 
 def config_from_args(cls: type[Config], args: argparse.Namespace, **given: Any) -> Config:

@@ -30,7 +30,14 @@ from rove.configs import read_json_config
 from rove.data.tokenizers import check_tokenizer_name
 from rove.model import POSITIONS, PRESETS, GPTConfig
 from rove.rotary import CONVENTIONS
-from rove.terminal import DefaultsFormatter, argument_type, command, config_defaults, key_value
+from rove.terminal import (
+    DefaultsFormatter,
+    DeprecatedFlag,
+    argument_type,
+    command,
+    config_defaults,
+    key_value,
+)
 from rove.terminal import config_from_args as fields_from_args
 from rove.train.config import (
     DECAY_SHAPES,
@@ -139,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-tokens", type=int, help=f"validation tokens per eval; {RECIPE}")
     g.add_argument("--checkpoint-interval", type=int, help=f"0 = final only; {RECIPE}")
     g.add_argument("--keep-checkpoints", type=int, help="kept on disk; 0 = all")
-    g.add_argument("--out-dir", help="parent of run directories")
+    g.add_argument("--out", dest="out_dir", metavar="DIR", help="parent of run directories")
+    g.add_argument("--out-dir", dest="out_dir", action=DeprecatedFlag, replacement="--out")
     g.add_argument("--run-name", help="run directory name; default: <preset>-<pos>-seed<seed>")
     g.add_argument("--log", choices=LOGGERS, action="append", default=[], help="extra logger")
     g.add_argument("--wandb-project", help="W&B project for --log wandb")
