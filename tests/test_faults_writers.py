@@ -124,7 +124,7 @@ def test_signal_during_start_up_says_what_was_kept(
     def signalled(*args: object, **kw: object) -> None:
         signal.raise_signal(signum)
 
-    monkeypatch.setattr(loop_module, "_prepare_run_data", signalled)
+    monkeypatch.setattr(loop_module, "prepare_run_data", signalled)
     cfg = nano(data_dir, tmp_path)
     args = ["--preset", "nano", "--data-dir", str(data_dir), "--out", str(tmp_path)]
     assert train_main([*args, "--max-steps", "20", "--no-progress"]) == 128 + signum

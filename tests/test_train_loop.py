@@ -14,7 +14,7 @@ from rove.checkpoint import load_checkpoint
 from rove.data import TokenLoader, prepare_dataset
 from rove.model import GPT
 from rove.train import NonFiniteLossError, TrainConfig, latest_checkpoint, load_model, train
-from rove.train import loop as loop_module
+from rove.train import setup as train_setup
 from rove.train.cli import main
 from rove.train.metrics import read_metrics
 
@@ -142,7 +142,7 @@ def test_nan_loss_stops_before_the_broken_step(data_dir, tmp_path, monkeypatch):
                     return out * float("nan")
             return out
 
-    monkeypatch.setattr(loop_module, "GPT", PoisonedGPT)
+    monkeypatch.setattr(train_setup, "GPT", PoisonedGPT)  # the model the run builds
     cfg = nano(data_dir, tmp_path, checkpoint_interval=1, eval_interval=0)
     with pytest.raises(NonFiniteLossError, match=r"step 2 .*step_000002"):
         train(cfg, progress=False)
