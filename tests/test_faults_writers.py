@@ -150,12 +150,16 @@ def test_signal_to_compare_between_runs_says_what_was_kept(
 
     monkeypatch.setattr(compare, "_run_one", signalled)
     out = tmp_path / "cmp"
+    out.mkdir()
+    killed_write = out / f".{run_files.RESULTS}.tmp-0123456789abcdef"  # a killed compare's
+    killed_write.write_text("{")
     assert compare_main(["--out", str(out), "--train", "preset=nano", "--no-progress"]) == 143
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (
         f"rove compare: stopped by SIGTERM; finished runs and evaluations are kept in {out}; "
         "run the same command again to continue"
     )
+    assert not killed_write.exists()
 
 
 # ---------------------------------------------------------------------------- writers

@@ -42,7 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rove import run_files
-from rove.atomic import write_json_atomic
+from rove.atomic import remove_temp_files, write_json_atomic
 from rove.configs import check_types, dataclass_from_dict, read_json_config
 from rove.eval.suite import EvalConfig, eval_output_lock, evaluate_checkpoint
 from rove.lock import lock_folder
@@ -244,6 +244,7 @@ def run_compare(cfg: CompareConfig, *, progress: bool = True, force: bool = Fals
 
 
 def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) -> Path:
+    remove_temp_files(out)  # of a comparison killed while writing (this one holds the lock)
     _check_stale(cfg, force)
     write_json_atomic(out / run_files.COMPARE_CONFIG, dataclasses.asdict(cfg))
     jobs = [(pos, seed) for seed in cfg.seeds for pos in cfg.pos]
