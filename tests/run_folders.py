@@ -1,5 +1,5 @@
 """A run folder as ``rove train`` leaves it, for the tests of what reads one (export, generate,
-lm-eval): the model's checkpoint with the byte tokenizer's identity, and ``config.json``."""
+lm-eval): the model's checkpoint with the byte tokenizer's identity, and ``recipe.json``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rove.data import get_tokenizer
 
 def save_byte_run(run: Path, model: torch.nn.Module, step: int = 1) -> Path:
     run.mkdir(parents=True, exist_ok=True)
-    (run / run_files.CONFIG).write_text('{"train": {"tokenizer": "byte"}}')
+    (run / run_files.RECIPE).write_text('{"train": {"tokenizer": "byte"}}')
     save_checkpoint(
         run / run_files.CHECKPOINTS,
         step=step,

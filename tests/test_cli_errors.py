@@ -88,7 +88,7 @@ def test_an_output_folder_that_is_a_file(tmp_path, capsys):
     a_file.write_text("not a folder")
     assert rove(["compare", "--out", str(a_file), "--no-progress", "--train", "preset=nano"]) == 2
     _one_error_line(capsys, "rove compare", str(a_file), "is a file")
-    assert rove(["train", "--preset", "nano", "--out-dir", str(a_file), "--no-progress"]) == 2
+    assert rove(["train", "--preset", "nano", "--out", str(a_file), "--no-progress"]) == 2
     _one_error_line(capsys, "rove train", str(a_file))
     assert a_file.read_text() == "not a folder"
 

@@ -35,6 +35,7 @@ from rove.eval.suite import EvalConfig
 from rove.lock import FolderLockedError
 from rove.train import CheckpointError, TrainConfig, latest_checkpoint, train
 from rove.train import loop as loop_module
+from rove.train import setup as train_setup
 from rove.train.metrics import read_metrics
 
 STEPS = 16
@@ -95,7 +96,8 @@ def settings(data_dir: Path, out_dir: Path, **kw) -> dict:
 def argv(values: dict) -> list[str]:
     out = ["--no-progress"]
     for key, value in values.items():
-        out += [f"--{key.replace('_', '-')}", str(value)]
+        flag = "--out" if key == "out_dir" else f"--{key.replace('_', '-')}"
+        out += [flag, str(value)]
     return out
 
 
@@ -291,7 +293,7 @@ def test_resume_config_checked_before_data_preparation(data_dir, tmp_path, monke
     def no_preparation(*args, **kwargs):
         raise AssertionError("data prepared before the resume check")
 
-    monkeypatch.setattr(loop_module, "_prepare_data", no_preparation)
+    monkeypatch.setattr(train_setup, "_prepare_data", no_preparation)
     changed = TrainConfig(**settings(data_dir, tmp_path, lr=1e-3))
     with pytest.raises(ValueError, match=r"cannot resume .*lr: 0\.003 -> 0\.001"):
         train(changed, progress=False, resume=True)

@@ -420,7 +420,7 @@ QUICK_EVAL = EvalConfig(ppl_lengths=[32], ppl_tokens=64, scalings=[], ruler=Fals
 
 def test_run_records_absolute_data_identity(nano_run):
     run_dir, data, _ = nano_run
-    config = json.loads((run_dir / "config.json").read_text())
+    config = json.loads((run_dir / "recipe.json").read_text())
     assert config["data"] == data_identity(data)
     assert Path(config["data"]["dir"]).is_absolute()
     assert verify_data_identity(config["data"]) == data.resolve()

@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "rove.lock": 0,
     "rove.precision": 0,
     "rove.terminal": 0,
+    "rove.configs": 0,
     "rove.run_files": 0,
     "rove.rotation": 0,
     "rove.kernels": 1,

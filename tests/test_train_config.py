@@ -177,6 +177,6 @@ def test_cli_maps_flags_to_config():
 def test_cli_dry_run_and_errors(capsys):
     assert main(["--preset", "gpt2-124m", "--dry-run"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["max_steps"] == 19_073 and out["grad_accum"] == 16
+    assert out["train"]["max_steps"] == 19_073 and out["grad_accum"] == 16
     assert main(["--preset", "nano", "--micro-batch", "7", "--dry-run"]) == 2
     assert "tokens_per_step" in capsys.readouterr().err

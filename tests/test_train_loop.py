@@ -14,7 +14,7 @@ from rove.checkpoint import load_checkpoint
 from rove.data import TokenLoader, prepare_dataset
 from rove.model import GPT
 from rove.train import NonFiniteLossError, TrainConfig, latest_checkpoint, load_model, train
-from rove.train import loop as loop_module
+from rove.train import setup as train_setup
 from rove.train.cli import main
 from rove.train.metrics import read_metrics
 
@@ -61,7 +61,7 @@ def test_loss_falls_and_run_dir_contents(data_dir, tmp_path):
     assert summary["steps"] == 30 and summary["tokens"] == 30_720
     assert summary["final_val_loss"] == vals[30]
     assert summary["tokens_per_s"] > 0 and summary["autocast"] == "fp32"
-    stored = json.loads((run_dir / "config.json").read_text())
+    stored = json.loads((run_dir / "recipe.json").read_text())
     assert TrainConfig.from_dict(stored["train"]) == cfg.resolve()
     assert stored["model"]["vocab_size"] == 320 and stored["model"]["pos"] == "rove"
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
@@ -134,7 +134,7 @@ def test_nan_loss_stops_before_the_broken_step(data_dir, tmp_path, monkeypatch):
                     return out * float("nan")
             return out
 
-    monkeypatch.setattr(loop_module, "GPT", PoisonedGPT)
+    monkeypatch.setattr(train_setup, "GPT", PoisonedGPT)  # the model the run builds
     cfg = nano(data_dir, tmp_path, checkpoint_interval=1, eval_interval=0)
     with pytest.raises(NonFiniteLossError, match=r"step 2 .*step_000002"):
         train(cfg, progress=False)
@@ -153,7 +153,7 @@ def test_huge_lr_is_caught(data_dir, tmp_path):
 def test_cli_trains(data_dir, tmp_path, capsys):
     argv = ["--preset", "nano", "--pos", "rope", "--data-dir", str(data_dir)]
     argv += ["--max-steps", "3", "--warmup-steps", "1", "--eval-tokens", "1024"]
-    argv += ["--out-dir", str(tmp_path), "--no-progress", "--dtype", "fp32"]
+    argv += ["--out", str(tmp_path), "--no-progress", "--dtype", "fp32"]
     assert main(argv) == 0
     assert "3 steps" in capsys.readouterr().out
     assert main(argv) == 2  # the run exists and --resume was not given

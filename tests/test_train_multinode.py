@@ -43,7 +43,7 @@ def launch_nodes(cfg_args: list[str], nodes: int = 2) -> None:
 def cli_args(data, out_dir, micro_batch: int, parallel: str) -> list[str]:
     cfg = config(data, out_dir, micro_batch)
     return [
-        "--preset", cfg.preset, "--data-dir", cfg.data_dir, "--out-dir", cfg.out_dir,
+        "--preset", cfg.preset, "--data-dir", cfg.data_dir, "--out", cfg.out_dir,
         "--run-name", cfg.run_name, "--dtype", cfg.dtype, "--device", "cpu",
         "--micro-batch", str(micro_batch), "--tokens-per-step", str(cfg.tokens_per_step),
         "--max-steps", str(cfg.max_steps), "--warmup-steps", str(cfg.warmup_steps),

@@ -5,7 +5,9 @@ Every file that another step trusts (manifests, shards, checkpoints' ``latest`` 
 summaries, ``results.json``) is written this way, so an interrupted process leaves either the old
 file or the new one, never a torn one. The temp file has an unpredictable name and is created
 with ``O_EXCL | O_NOFOLLOW``, so a file or symlink planted in the folder is never written
-through; the folder is fsynced after the rename so the new name survives a power loss.
+through; the folder is fsynced after the rename so the new name survives a power loss. A process
+killed mid-write leaves its temp file (``.<name>.tmp-<16 hex>``); :func:`remove_temp_files` is
+how the next process that owns the folder clears them.
 
 Whole folders (prepared datasets, exports) are written into a temp folder beside the target and
 swapped in by :func:`swap_in`; :func:`check_replaceable` first refuses a target holding files
@@ -19,6 +21,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,12 +32,14 @@ __all__ = [
     "check_replaceable",
     "exchange",
     "fsync_dir",
+    "remove_temp_files",
     "swap_in",
     "write_json_atomic",
     "write_text_atomic",
 ]
 
 _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+_TEMP = re.compile(r"^\..+\.tmp-[0-9a-f]{16}$")  # atomic_open's temp file names
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -57,7 +62,7 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     if "w" not in mode:
         raise ValueError(f"atomic_open writes a new file; mode must contain 'w', got {mode!r}")
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(8)}")
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(8)}")  # matches _TEMP
     encoding = None if "b" in mode else "utf-8"
     fd = os.open(tmp, _EXCLUSIVE, 0o666)  # permissions as umask allows, like open()
     try:
@@ -134,3 +139,16 @@ def swap_in(tmp: Path, folder: Path) -> Path | None:
         os.rename(tmp, folder)
     fsync_dir(folder.parent)
     return old
+
+
+def remove_temp_files(folder: str | Path) -> list[Path]:
+    """Delete the temp files that killed atomic writes left in ``folder`` (not recursive);
+    returns them. Only for the folder's owner (e.g. under its lock): a live writer's temp file
+    has the same form."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stale = [p for p in folder.iterdir() if _TEMP.match(p.name) and not p.is_dir()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale

@@ -44,17 +44,19 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from rove import run_files
-from rove.atomic import fsync_dir, write_text_atomic
+from rove.atomic import fsync_dir, remove_temp_files, write_text_atomic
 from rove.model import GPT, GPTConfig
 
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "CheckpointWriteError",
     "capture_rng",
     "find_checkpoint",
     "latest_checkpoint",
     "load_checkpoint",
     "load_model",
+    "remove_partial_checkpoints",
     "restore_rng",
     "resume_checkpoint",
     "save_checkpoint",
@@ -69,6 +71,7 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 META_FILE = "meta.json"
 LATEST, CHECKPOINTS = run_files.LATEST, run_files.CHECKPOINTS  # the run folder's layout
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_PARTIAL = re.compile(r"^\.tmp-step_\d+-[0-9a-f]{16}$")  # save_checkpoint's folder being written
 _REQUIRED = {
     "format": str,
     "format_version": int,
@@ -223,6 +226,53 @@ def save_checkpoint(
     name = step_dir_name(step)
     tmp = root / f".tmp-{name}-{secrets.token_hex(8)}"
     tmp.mkdir()  # exclusive: fails on anything planted under that unpredictable name
+    try:
+        _write_checkpoint(tmp, step, model, optimizer, tokens, train_config, tokenizer, extra)
+        final = root / name
+        shutil.rmtree(final, ignore_errors=True)  # a complete folder from a crash before `latest`
+        os.replace(tmp, final)
+        fsync_dir(root)
+        write_text_atomic(root / LATEST, name + "\n")
+    except (OSError, SafetensorError) as err:  # full disk, file-size limit, read-only folder
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(root / name, err, kept=_kept(root)) from None
+    _prune(root, keep, newest=step)
+    return final
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, file too large, permissions); the run's
+    checkpoints are as they were before, and the message says which one ``latest`` names."""
+
+    def __init__(self, path: Path, cause: BaseException, kept: str) -> None:
+        # safetensors wraps the OS error in its own exception, "Error while serializing: ..."
+        reason = str(cause).removeprefix("Error while serializing: ")
+        super().__init__(f"could not write checkpoint {path}: {reason}; {kept}")
+
+
+def _kept(root: Path) -> str:
+    """What a failed write left for resume: the checkpoint ``latest`` names, if any."""
+    pointer = root / LATEST
+    try:
+        named = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
+    except OSError:
+        named = None
+    if named and (root / named).is_dir():
+        return f"kept {root / named}, the newest complete checkpoint ({pointer})"
+    return f"no complete checkpoint in {root}"
+
+
+def _write_checkpoint(
+    tmp: Path,
+    step: int,
+    model: GPT,
+    optimizer: torch.optim.Optimizer | None,
+    tokens: int,
+    train_config: dict,
+    tokenizer: dict,
+    extra: dict | None,
+) -> None:
+    """The files of a checkpoint, written and fsynced into the new folder ``tmp``."""
     tensors, tied = _model_tensors(model)
     save_file(tensors, tmp / MODEL_FILE, metadata={"format": FORMAT})
     files = [MODEL_FILE]
@@ -252,20 +302,25 @@ def save_checkpoint(
     (tmp / META_FILE).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     _fsync(tmp / META_FILE)
     fsync_dir(tmp)
-    final = root / name
-    shutil.rmtree(final, ignore_errors=True)  # a complete folder from a crash before `latest`
-    os.replace(tmp, final)
-    fsync_dir(root)
-    write_text_atomic(root / LATEST, name + "\n")
-    _prune(root, keep, newest=step)
-    return final
+
+
+def remove_partial_checkpoints(root: str | Path) -> list[Path]:
+    """Delete what killed checkpoint writes left in ``root``: ``.tmp-step_*`` folders and the
+    ``latest`` pointer's temp files. Only for a caller that owns the run folder (its lock)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    removed = remove_temp_files(root)
+    for path in root.iterdir():
+        if _PARTIAL.match(path.name) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _prune(root: Path, keep: int, newest: int) -> None:
     """Delete temporary folders and all but the ``keep`` newest checkpoints up to ``newest``."""
-    for path in root.iterdir():
-        if path.name.startswith(".tmp-") and path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
+    remove_partial_checkpoints(root)
     if keep <= 0:
         return
     steps = sorted(
@@ -274,6 +329,9 @@ def _prune(root: Path, keep: int, newest: int) -> None:
         if (m := _STEP_DIR.match(p.name)) and p.is_dir() and int(m.group(1)) <= newest
     )
     for _, path in steps[:-keep]:
+        if path.is_symlink():  # rove never writes one: what it points at is not ours to delete
+            log.warning("not pruning checkpoint %s: a symbolic link, not written by rove", path)
+            continue
         shutil.rmtree(path)
 
 
@@ -422,9 +480,8 @@ def resume_checkpoint(path: str | Path, *, device: str | torch.device = "cpu") -
             continue
         if named != folder.name:
             log.warning(
-                "%s names %r, resuming from the newest complete checkpoint %s instead",
-                pointer,
-                named,
+                "%s, resuming from the newest complete checkpoint %s instead",
+                f"{pointer} names {named!r}" if named is not None else f"no {pointer}",
                 folder.name,
             )
         return ckpt

@@ -40,7 +40,8 @@ import torch
 from tqdm.auto import tqdm
 
 from rove import run_files
-from rove.atomic import write_json_atomic
+from rove.atomic import remove_temp_files, write_json_atomic
+from rove.configs import check_types, dataclass_from_dict, read_json_config
 from rove.eval.suite import EvalConfig, eval_output_lock, evaluate_checkpoint
 from rove.lock import lock_folder
 from rove.model import POSITIONS
@@ -49,12 +50,12 @@ from rove.terminal import (
     DefaultsFormatter,
     command,
     config_defaults,
-    dataclass_from_dict,
     interactive,
     key_value,
+    raise_on_signals,
 )
 from rove.train import TrainConfig, train
-from rove.train.config import LOCATION_FIELDS, run_fingerprint
+from rove.train.config import LOCATION_FIELDS, check_data_tokenizer, run_fingerprint
 from rove.train.loop import TrainingInterrupted
 from rove.train.metrics import read_metrics
 
@@ -87,6 +88,9 @@ class CompareConfig:
     baseline: str = "rope"  # the position encoding the others are compared against
     title: str = "RoPE vs RoVE comparison"
 
+    def __post_init__(self) -> None:
+        check_types(self)
+
     def validate(self) -> None:
         """Every run's config, before any work: a typo must not surface after the first model
         has trained for hours. Raises ``ValueError`` naming the problem."""
@@ -97,11 +101,9 @@ class CompareConfig:
             raise ValueError(
                 f"baseline {self.baseline!r} is not one of the compared encodings, pos {self.pos}"
             )
-        if not isinstance(self.eval, EvalConfig):
-            raise ValueError(f"eval must be an EvalConfig, got {type(self.eval).__name__}")
         for pos in self.pos:
             for seed in self.seeds:
-                self.train_config(pos, seed).resolve()
+                check_data_tokenizer(self.train_config(pos, seed).resolve())
 
     def run_name(self, pos: str, seed: int) -> str:
         return f"{pos}-seed{seed}"
@@ -130,7 +132,7 @@ def _curve(run_dir: Path) -> list[dict]:
 def _stale_fields(run_dir: Path, tcfg: TrainConfig) -> list[str]:
     """'field: stored -> wanted' for each difference between the config stored in ``run_dir``
     and ``tcfg`` (empty if they have the same fingerprint, or nothing is stored yet)."""
-    stored_file = run_dir / run_files.CONFIG
+    stored_file = run_files.recipe_file(run_dir)
     if not stored_file.is_file():
         return []
     stored = json.loads(stored_file.read_text(encoding="utf-8"))["train"]
@@ -199,7 +201,7 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
         if record is None or not _eval_is_current(record, cfg, summary):
             record = evaluate_checkpoint(run_dir, cfg.eval, progress=progress)
             write_json_atomic(eval_file, record)
-    stored = json.loads((run_dir / run_files.CONFIG).read_text(encoding="utf-8"))["train"]
+    stored = json.loads(run_files.recipe_file(run_dir).read_text(encoding="utf-8"))["train"]
     return {
         **record,
         "label": pos,
@@ -214,8 +216,9 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
 
 def _setup_line(cfg: CompareConfig, runs: list[dict]) -> str:
     t = runs[0]["train"]
+    tcfg = cfg.train_config(cfg.pos[0], cfg.seeds[0]).resolve()  # a prepared folder, or a corpus
     return (
-        f"Preset {cfg.train.get('preset', 'tiny')}, data {cfg.train.get('data') or 'default'}, "
+        f"Preset {tcfg.preset}, data {tcfg.data_dir or tcfg.data}, "
         f"{t.get('tokens')} training tokens per model, {t.get('params')} parameters; "
         f"{t.get('device_name') or t.get('device')}, torch {torch.__version__}, "
         f"{dt.date.today().isoformat()}."
@@ -238,6 +241,7 @@ def run_compare(cfg: CompareConfig, *, progress: bool = True, force: bool = Fals
 
 
 def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) -> Path:
+    remove_temp_files(out)  # of a comparison killed while writing (this one holds the lock)
     _check_stale(cfg, force)
     write_json_atomic(out / run_files.COMPARE_CONFIG, dataclasses.asdict(cfg))
     jobs = [(pos, seed) for seed in cfg.seeds for pos in cfg.pos]
@@ -296,7 +300,7 @@ def config_from_dict(data: dict[str, Any]) -> CompareConfig:
     field names (``RENAMED_FIELDS``); unknown keys are refused."""
     data = _current_names(data)
     if "eval" in data:
-        data = {**data, "eval": dataclass_from_dict(EvalConfig, data["eval"])}
+        data = {**data, "eval": dataclass_from_dict(EvalConfig, data["eval"], field="eval")}
     return dataclass_from_dict(CompareConfig, data)
 
 
@@ -368,11 +372,15 @@ def config_from_args(
 
 
 def _read_config(path: str) -> dict[str, Any]:
-    """The CompareConfig fields of a ``--config`` file, under their current names."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object of CompareConfig fields")
-    return _current_names(data)
+    """The CompareConfig fields of a ``--config`` file, under their current names, checked
+    (types, names) before the command line is laid over them: an error names the file."""
+    data = read_json_config(path, "CompareConfig")
+    try:
+        data = _current_names(data)
+        config_from_dict(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return data
 
 
 @command("rove compare")
@@ -394,9 +402,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_and_print(prog: str, cfg: CompareConfig, *, progress: bool, force: bool) -> int:
-    """``run_compare`` for a command line; an interrupted run says how to continue."""
+    """``run_compare`` for a command line; an interrupted run says how to continue, also when
+    the signal comes between runs (``raise_on_signals``; training installs its own handler)."""
+    kept = (
+        f"finished runs and evaluations are kept in {cfg.out_dir}; run the same command again "
+        "to continue"
+    )
     try:
-        report = run_compare(cfg, progress=progress, force=force)
+        with raise_on_signals(kept):
+            report = run_compare(cfg, progress=progress, force=force)
     except TrainingInterrupted as err:
         print(f"{prog}: {err}; run the same command again to continue", file=sys.stderr)
         return err.exit_code

@@ -2,7 +2,10 @@
 
 A run folder (``rove train``)::
 
-    config.json  metrics.jsonl  summary.json  eval.json  checkpoints/<step>/ ...  checkpoints/latest
+    recipe.json  metrics.jsonl  summary.json  eval.json  checkpoints/<step>/ ...  checkpoints/latest
+
+The recipe was ``config.json`` before 0.x: a name that ``transformers``' ``from_pretrained(run)``
+takes for a model config. Runs written then are still read (:func:`recipe_file`).
 
 A comparison folder (``rove compare`` / ``rove demo``)::
 
@@ -11,20 +14,25 @@ A comparison folder (``rove compare`` / ``rove demo``)::
 
 from __future__ import annotations
 
+from pathlib import Path
+
 __all__ = [
     "CHECKPOINTS",
     "COMPARE_CONFIG",
-    "CONFIG",
     "EVAL",
     "LATEST",
     "METRICS",
+    "OLD_RECIPE",
+    "RECIPE",
     "REPORT",
     "RESULTS",
     "RUNS",
     "SUMMARY",
+    "recipe_file",
 ]
 
-CONFIG = "config.json"  # the run's resolved TrainConfig, model config and data identity
+RECIPE = "recipe.json"  # the run's resolved TrainConfig, model config and data identity
+OLD_RECIPE = "config.json"  # the recipe's name in runs written before it was renamed
 METRICS = "metrics.jsonl"  # one JSON record per logged step and per evaluation
 SUMMARY = "summary.json"  # written when training ends: the run is complete
 EVAL = "eval.json"  # rove eval's record of the final checkpoint
@@ -34,3 +42,11 @@ COMPARE_CONFIG = "compare_config.json"
 RESULTS = "results.json"  # every run's record, what the report is built from
 REPORT = "report.md"
 RUNS = "runs"  # the comparison's run folders
+
+
+def recipe_file(run_dir: str | Path) -> Path:
+    """The recipe of run folder ``run_dir``: ``recipe.json``, or an older run's ``config.json``
+    (where neither exists, the path a new run writes)."""
+    run_dir = Path(run_dir)
+    new, old = run_dir / RECIPE, run_dir / OLD_RECIPE
+    return old if old.is_file() and not new.is_file() else new

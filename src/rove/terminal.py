@@ -4,25 +4,31 @@
 - :func:`command`: a user error (bad value, missing or locked folder, full disk, missing extra)
   is one ``rove <cmd>: error: ...`` line and exit status 2, never a traceback; ``--debug`` (or
   ``ROVE_DEBUG=1``) shows the traceback instead. Anything else is a bug and keeps its traceback.
+  An :class:`Interrupted` command says what it kept and exits 128 + the signal number.
+- :func:`raise_on_signals`: SIGTERM / SIGINT become :class:`Interrupted`, so a command stopped
+  by a signal says what it kept instead of dying silently with 143.
 - :func:`key_value`: the ``KEY=VALUE`` flags (values parsed as JSON, else kept as strings).
 - :func:`argument_type`: a library's check of a value as an argparse ``type``.
 - :func:`config_defaults` / :func:`config_from_args`: a command line over a config dataclass
   takes its defaults from the dataclass, so each default is written once;
   :func:`signature_defaults` does the same for a command line over a function.
 - :class:`DefaultsFormatter`: ``--help`` shows those defaults (never restated in help strings).
-- :func:`dataclass_from_dict`: a config from a JSON file or dict, an unknown key refused by name.
+- :class:`DeprecatedFlag`: an old spelling of a flag, still read, with one line naming the new.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import inspect
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from rove.lock import FolderLockedError
@@ -30,13 +36,15 @@ from rove.lock import FolderLockedError
 __all__ = [
     "USER_ERRORS",
     "DefaultsFormatter",
+    "DeprecatedFlag",
+    "Interrupted",
     "argument_type",
     "command",
     "config_defaults",
     "config_from_args",
-    "dataclass_from_dict",
     "interactive",
     "key_value",
+    "raise_on_signals",
     "signature_defaults",
 ]
 
@@ -47,6 +55,35 @@ Value = TypeVar("Value")
 # stale runs), files and folders (OSError: missing, a file where a folder belongs, disk full,
 # permissions), another process holding a folder, an optional extra that is not installed.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FolderLockedError, ImportError)
+
+
+class Interrupted(Exception):
+    """A signal (SIGTERM, SIGINT) stopped a command; the message says what was kept."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum  # the shell's convention for death by a signal
+        super().__init__(message)
+
+
+@contextlib.contextmanager
+def raise_on_signals(kept: str) -> Iterator[None]:
+    """Inside, SIGTERM and SIGINT raise ``Interrupted`` ("stopped by SIGTERM; ``kept``"); the
+    previous handlers are restored after. Only the main thread can install handlers; elsewhere
+    this does nothing."""
+
+    def handle(signum: int, frame: object) -> None:
+        raise Interrupted(signum, f"stopped by {signal.Signals(signum).name}; {kept}")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class Main(Protocol):
@@ -70,6 +107,9 @@ def command(prog: str) -> Callable[[Main], Main]:
             debug = "--debug" in args or os.environ.get("ROVE_DEBUG") == "1"
             try:
                 return main([a for a in args if a != "--debug"])
+            except Interrupted as err:
+                print(f"{prog}: {err}", file=sys.stderr)
+                return err.exit_code
             except USER_ERRORS as err:
                 if debug:
                     raise
@@ -146,18 +186,31 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return f"{action.help} (default: {str(shown).replace('%', '%%')})"
 
 
+class DeprecatedFlag(argparse.Action):
+    """An old spelling of a flag (``add_argument("--old", dest=..., action=DeprecatedFlag,
+    replacement="--new")``): stores its value like the new flag and prints one line saying
+    which flag to use instead. Hidden from ``--help``."""
+
+    def __init__(self, option_strings: list[str], dest: str, replacement: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kw)
+        self.replacement = replacement
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"{parser.prog}: {option_string} is deprecated and will be removed; use "
+            f"{self.replacement}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
 def config_from_args(cls: type[Config], args: argparse.Namespace, **given: Any) -> Config:
     """An instance of dataclass ``cls`` from the parsed fields of the same name, plus ``given``."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # cls is a dataclass
     return cls(**{**{k: v for k, v in vars(args).items() if k in names}, **given})
-
-
-def dataclass_from_dict(cls: type[Config], data: dict[str, Any]) -> Config:
-    """``cls(**data)``, but an unknown key (a typo) is a ``ValueError`` naming it and the known
-    fields, never a ``TypeError`` from the constructor or a silently ignored setting."""
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # cls is a dataclass
-    if unknown := sorted(set(data) - known):
-        raise ValueError(
-            f"unknown {cls.__name__} field(s) {unknown}; known fields: {sorted(known)}"
-        )
-    return cls(**data)

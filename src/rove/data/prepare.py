@@ -70,6 +70,7 @@ from rove.data.shards import read_header, token_dtype, write_shard
 from rove.data.tokenizers import (
     HF_PREFIX,
     TOKENIZERS,
+    HFTokenizer,
     Tokenizer,
     check_tokenizer_name,
     get_tokenizer,
@@ -512,6 +513,8 @@ def _write_dataset(
         "format_version": MANIFEST_VERSION,
         "source": source.get("path", source["name"]),
         "tokenizer": tok.identity(),
+        # how to build it again: an hf: identity names a content hash, not a file
+        "tokenizer_spec": f"{HF_PREFIX}{tok.path}" if isinstance(tok, HFTokenizer) else tok.name,
         "splits": splits,
         "tokens": {split: writer.tokens for split, writer in writers.items()},
         "documents": n_docs,

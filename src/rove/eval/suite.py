@@ -33,6 +33,7 @@ import torch
 
 from rove import run_files
 from rove.atomic import write_json_atomic
+from rove.configs import check_types
 from rove.eval.icl import ICL_TASKS, evaluate_icl
 from rove.eval.perplexity import perplexity_vs_length
 from rove.eval.protocol import LanguageModel
@@ -110,6 +111,13 @@ class EvalConfig:
     seed: int = 0  # seeds task generation (the same for every model compared)
 
     def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("ppl_multiples", "ruler_multiples"):  # 0 would score a length of 1
+            if not all(math.isfinite(m) and m > 0 for m in getattr(self, name)):
+                raise ValueError(f"{name} must be positive numbers, got {getattr(self, name)}")
+        for name in ("ppl_lengths", "ruler_lengths"):
+            if any(n < 1 for n in getattr(self, name) or []):
+                raise ValueError(f"{name} must be positive ints, got {getattr(self, name)}")
         bad_qa = sorted(set(self.qa_paths) - {"qa_squad", "qa_hotpot"})
         if bad_qa:
             raise ValueError(f"unknown qa_paths key(s) {bad_qa}; use qa_squad, qa_hotpot")
@@ -386,12 +394,11 @@ def evaluate_checkpoint(
     ``data``/``data_dir`` evaluate on other held-out text instead (see ``_held_out_tokens``).
     """
     from rove.checkpoint import load_model
-    from rove.data import check_tokenizer_identity, get_tokenizer
+    from rove.data import checkpoint_tokenizer
 
     model, meta = load_model(path, device=device)
     train_cfg = meta["train_config"]
-    tokenizer = get_tokenizer(meta["tokenizer"]["name"])
-    check_tokenizer_identity(meta["tokenizer"], tokenizer.identity(), f"checkpoint {path}")
+    tokenizer = checkpoint_tokenizer(meta, f"checkpoint {path}")  # hf:PATH, not its hash
     tokens, data_record = _held_out_tokens(meta, tokenizer, data, data_dir)
     with torch.inference_mode():
         record = evaluate_model(model, tokenizer, tokens, cfg, progress=progress)

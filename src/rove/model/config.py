@@ -1,7 +1,8 @@
 """``GPTConfig`` and the presets: the paper's GPT-2 sizes and tiny CPU sizes.
 
 The config is a dataclass with a comment on every field; it is stored resolved as JSON with every
-checkpoint and run, and ``from_dict`` refuses unknown keys so a typo never trains the wrong model.
+checkpoint and run. Every field's type is checked (``rove.configs``) and ``from_dict`` refuses
+unknown keys, so neither a typo nor ``n_layer=true`` ever trains the wrong model.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from rove.configs import check_types, dataclass_from_dict
 from rove.functional import POS_CHOICES, ROTARY_POS
 from rove.rotary import CONVENTIONS
-from rove.terminal import dataclass_from_dict
 
 __all__ = ["POSITIONS", "PRESETS", "GPTConfig", "get_preset"]
 
@@ -41,6 +42,7 @@ class GPTConfig:
     extra: dict = field(default_factory=dict)  # free-form notes stored with the model
 
     def __post_init__(self) -> None:
+        check_types(self)
         self.validate()
 
     @property

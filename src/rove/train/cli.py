@@ -5,11 +5,15 @@ Examples::
     rove train --preset nano --pos rove                       # seconds on a CPU
     rove train --preset gpt2-124m --pos rope --data fineweb-edu
     torchrun --nproc_per_node=8 -m rove.train.cli --preset gpt2-354m --pos rove
-    rove train --preset gpt2-124m --dry-run                   # print the resolved recipe
+    rove train --preset gpt2-124m --dry-run > recipe.json     # print the resolved recipe
+    rove train --config recipe.json --lr 3e-4                 # replay it, one field changed
+    rove train --config runs/nano-rove-seed0/recipe.json      # a run's recipe, exactly
 
 Every flag maps to one ``TrainConfig`` field. Flags left out keep the sentinel ``None`` and are
 filled from the preset's recipe (``rove.train.config.RECIPES``), so ``--preset gpt2-124m`` alone
-is the paper's recipe.
+is the paper's recipe. A ``--config`` file (TrainConfig fields, or a recipe: the ``--dry-run``
+output or a run folder's ``recipe.json``, whose ``train`` object is read) replaces those
+defaults, and the flags given override it; ``--model`` adds to its ``model_overrides``.
 """
 
 from __future__ import annotations
@@ -19,11 +23,21 @@ import json
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from rove import run_files
+from rove.configs import read_json_config
+from rove.data.tokenizers import check_tokenizer_name
 from rove.model import POSITIONS, PRESETS, GPTConfig
 from rove.rotary import CONVENTIONS
-from rove.terminal import DefaultsFormatter, command, config_defaults, key_value
+from rove.terminal import (
+    DefaultsFormatter,
+    DeprecatedFlag,
+    argument_type,
+    command,
+    config_defaults,
+    key_value,
+)
 from rove.terminal import config_from_args as fields_from_args
 from rove.train.config import (
     DECAY_SHAPES,
@@ -36,7 +50,10 @@ from rove.train.config import (
 from rove.train.distributed import PARALLEL
 from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train
 
-__all__ = ["build_parser", "config_from_args", "main"]
+if TYPE_CHECKING:
+    from rove.train.config import ResolvedTrainConfig
+
+__all__ = ["build_parser", "config_from_args", "main", "read_config", "recipe"]
 
 RECIPE = "default: from the preset's recipe"
 # GPTConfig fields with their own flag, mapped into TrainConfig.model_overrides.
@@ -49,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rove train",
         description="Train a GPT-2 style model with a given position encoding (RoPE, RoVE, ...).",
         formatter_class=DefaultsFormatter,
+    )
+    p.add_argument(
+        "--config",
+        help="JSON file of TrainConfig fields, or a recipe (--dry-run's output, a run's "
+        f"{run_files.RECIPE}); the flags given override it",
     )
     g = p.add_argument_group("model")
     g.add_argument("--preset", choices=sorted(PRESETS), help="model size and recipe")
@@ -77,7 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("data")
     g.add_argument("--data", help=f"'stdlib', 'fineweb-edu' or a local path; {RECIPE}")
-    g.add_argument("--tokenizer", choices=TOKENIZERS, help=f"tokenizer; {RECIPE}")
+    g.add_argument(
+        "--tokenizer",
+        type=argument_type(check_tokenizer_name),
+        help=f"{', '.join(TOKENIZERS)} or hf:PATH (a local tokenizer.json); default: the "
+        "prepared --data-dir's, else from the preset's recipe",
+    )
     g.add_argument("--data-dir", help="prepared data folder; default: rove's data cache")
     g.add_argument("--data-max-tokens", type=int, help="prepare at most this many tokens")
     g.add_argument("--seq-len", type=int, help="training context; default: the preset's")
@@ -119,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-tokens", type=int, help=f"validation tokens per eval; {RECIPE}")
     g.add_argument("--checkpoint-interval", type=int, help=f"0 = final only; {RECIPE}")
     g.add_argument("--keep-checkpoints", type=int, help="kept on disk; 0 = all")
-    g.add_argument("--out-dir", help="parent of run directories")
+    g.add_argument("--out", dest="out_dir", metavar="DIR", help="parent of run directories")
+    g.add_argument("--out-dir", dest="out_dir", action=DeprecatedFlag, replacement="--out")
     g.add_argument("--run-name", help="run directory name; default: <preset>-<pos>-seed<seed>")
     g.add_argument("--log", choices=LOGGERS, action="append", default=[], help="extra logger")
     g.add_argument("--wandb-project", help="W&B project for --log wandb")
@@ -130,26 +158,55 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The ``TrainConfig`` described by parsed arguments (sentinels left as ``None``)."""
-    overrides = dict(args.model)
+def config_from_args(args: argparse.Namespace, stored: dict | None = None) -> TrainConfig:
+    """The ``TrainConfig`` described by parsed arguments over the fields ``stored`` in a
+    ``--config`` file (sentinels left as ``None``): the flags' defaults are the file's fields
+    (:func:`read_config`), ``--model`` adds to its ``model_overrides`` and ``--log`` replaces
+    its ``loggers``."""
+    stored = stored or {}
+    overrides = {**stored.get("model_overrides", {}), **dict(args.model)}
     for name in _MODEL_FLAGS:
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
-    loggers = list(dict.fromkeys(args.log))
+    loggers = list(dict.fromkeys(args.log)) or list(stored.get("loggers", []))
     return fields_from_args(TrainConfig, args, model_overrides=overrides, loggers=loggers)
+
+
+def read_config(path: str) -> dict:
+    """The TrainConfig fields of a ``--config`` file: the file itself, or a recipe's ``train``
+    object (what ``--dry-run`` prints and a run stores). Checked before any flag is laid over
+    them, so an error names the file."""
+    data = read_json_config(path, "TrainConfig")
+    if isinstance(data.get("train"), dict):  # a recipe: the rest is derived from its train
+        data = data["train"]
+    try:
+        TrainConfig.from_dict(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return data
+
+
+def recipe(cfg: ResolvedTrainConfig, grad_accum: int) -> dict:
+    """What ``--dry-run`` prints: the resolved config, under ``train`` as in a run's recipe (so
+    ``--config`` reads either), and the gradient accumulation it implies."""
+    return {"train": cfg.to_dict(), "grad_accum": grad_accum}
 
 
 @command("rove train")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rove train``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    stored = read_config(args.config) if args.config else {}
+    if stored:  # the file's fields become the defaults: the file < the command line
+        parser.set_defaults(**stored)
+        args = parser.parse_args(argv)
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    cfg = config_from_args(args).resolve()
+    cfg = config_from_args(args, stored).resolve()
     grad_accum = cfg.grad_accum_steps(int(os.environ.get("WORLD_SIZE", "1")))
     if args.dry_run:
         if main_rank:
-            print(json.dumps({**cfg.to_dict(), "grad_accum": grad_accum}, indent=2))
+            print(json.dumps(recipe(cfg, grad_accum), indent=2))
         return 0
     if main_rank:
         logging.basicConfig(level=logging.INFO, format="%(message)s")

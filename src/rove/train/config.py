@@ -4,7 +4,7 @@ Why a dataclass with ``None`` sentinels: the right learning rate, batch and data
 model size, so ``TrainConfig(preset="gpt2-124m")`` must mean the paper's recipe and
 ``TrainConfig(preset="nano")`` a seconds-long CPU run. A field left at ``None`` takes its value
 from ``RECIPES[preset]`` in :meth:`TrainConfig.resolve`; the resolved config (no ``None`` left
-except genuinely optional fields) is what a run stores in ``config.json`` and every checkpoint.
+except genuinely optional fields) is what a run stores in ``recipe.json`` and every checkpoint.
 
 The paper recipe (section 3 of the project's paper notes; the paper itself gives no optimiser
 settings, so this is the standard GPT-2 recipe it is assumed to follow):
@@ -22,14 +22,21 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
 
-from rove.data.tokenizers import TOKENIZERS
+from rove.configs import check_types, dataclass_from_dict
+from rove.data.prepare import MANIFEST_NAME, load_manifest
+from rove.data.tokenizers import (
+    TOKENIZERS,
+    check_tokenizer_identity,
+    check_tokenizer_name,
+    get_tokenizer,
+)
 from rove.model import POSITIONS, PRESETS, GPTConfig, get_preset
 from rove.precision import DTYPES
-from rove.terminal import dataclass_from_dict
 from rove.train.distributed import PARALLEL
 from rove.train.schedule import LR_SCHEDULES
 
@@ -43,7 +50,9 @@ __all__ = [
     "TOKENIZERS",
     "TrainConfig",
     "build_model_config",
+    "check_data_tokenizer",
     "compiles_by_default",
+    "data_tokenizer",
     "pad_vocab",
     "run_fingerprint",
 ]
@@ -153,7 +162,7 @@ class TrainConfig:
     model_overrides: dict = field(default_factory=dict)  # other GPTConfig fields, e.g. shared_kv
     # --- data ---
     data: str | None = None  # corpus: "stdlib" | "fineweb-edu" | a local file/folder path
-    tokenizer: str | None = None  # "gpt2" | "byte"; the model's vocab is its size padded to 64
+    tokenizer: str | None = None  # "gpt2" | "byte" | "hf:PATH"; None = data_dir's, else recipe's
     data_dir: str | None = None  # prepared data folder; None = rove.data.default_data_dir(...)
     data_max_tokens: int | None = None  # cap on tokens prepared (train + val); None = whole corpus
     seq_len: int | None = None  # training context (the model's block_size); None = preset's
@@ -194,6 +203,7 @@ class TrainConfig:
     wandb_project: str = "rove"  # W&B project, when "wandb" is in loggers
 
     def __post_init__(self) -> None:
+        check_types(self)
         self.validate()
 
     # ------------------------------------------------------------------ validation
@@ -222,7 +232,7 @@ class TrainConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("parallel", self.parallel, PARALLEL)
         if self.tokenizer is not None:
-            _choice("tokenizer", self.tokenizer, TOKENIZERS)
+            check_tokenizer_name(self.tokenizer)
         if self.data is not None and (not isinstance(self.data, str) or not self.data):
             raise ValueError(f"data must be a corpus name or path, got {self.data!r}")
 
@@ -330,12 +340,15 @@ class TrainConfig:
     def resolve(self) -> ResolvedTrainConfig:
         """A copy with every recipe sentinel filled in; idempotent.
 
-        ``seq_len`` defaults to the preset's block size; ``compile`` to
+        ``tokenizer`` defaults to the one a prepared ``data_dir`` was made with (its manifest),
+        else the recipe's; ``seq_len`` to the preset's block size; ``compile`` to
         :func:`compiles_by_default` of the device. ``max_steps`` defaults to
         ``token_budget // tokens_per_step``; when both are given they must agree.
         """
         recipe = RECIPES[self.preset]
         values = dataclasses.asdict(self)
+        if self.tokenizer is None and self.data_dir is not None:
+            values["tokenizer"] = data_tokenizer(Path(self.data_dir))
         for name in _RECIPE_FIELDS:
             if values[name] is None:
                 values[name] = recipe[name]
@@ -413,6 +426,33 @@ if TYPE_CHECKING:
         max_steps: int
         run_name: str
         compile: bool
+
+
+def data_tokenizer(data_dir: Path) -> str | None:
+    """The tokenizer prepared data in ``data_dir`` were made with, as ``tokenizer`` names it
+    (None if the folder holds no prepared data yet). Data prepared with an ``hf:`` tokenizer
+    before their manifest recorded its file cannot say where it is: a ``ValueError`` asks."""
+    if not (data_dir / MANIFEST_NAME).is_file():
+        return None
+    manifest = load_manifest(data_dir)
+    name = manifest["tokenizer"]["name"]
+    spec = manifest.get("tokenizer_spec", name if name in TOKENIZERS else None)
+    if not isinstance(spec, str):
+        raise ValueError(
+            f"the data in {data_dir} were prepared with the Hugging Face tokenizer {name}, and "
+            "their manifest does not say where its file is: give it as --tokenizer hf:PATH"
+        )
+    return spec
+
+
+def check_data_tokenizer(cfg: ResolvedTrainConfig) -> None:
+    """A ``ValueError`` if a given, prepared ``data_dir`` was made with another tokenizer than
+    ``cfg.tokenizer``: cheap, so a run or a comparison checks it before any work."""
+    if cfg.data_dir is None or not (Path(cfg.data_dir) / MANIFEST_NAME).is_file():
+        return
+    identity = get_tokenizer(cfg.tokenizer).identity()
+    stored = load_manifest(cfg.data_dir)["tokenizer"]
+    check_tokenizer_identity(stored, identity, f"data in {cfg.data_dir}")
 
 
 def build_model_config(cfg: TrainConfig, vocab_size: int) -> GPTConfig:

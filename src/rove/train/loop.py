@@ -2,7 +2,7 @@
 
 Run directory (``<out_dir>/<run_name>/``)::
 
-    config.json     resolved TrainConfig + GPTConfig + tokenizer identity + world size
+    recipe.json     resolved TrainConfig + GPTConfig + tokenizer identity + world size
     metrics.jsonl   one record per step (loss, lr, tokens, tok/s, grad norm, val loss, MFU)
     checkpoints/    see rove.checkpoint
     summary.json    final train/val loss, tokens, wall time, tokens/s
@@ -26,6 +26,10 @@ Notable features:
   checked against the config before any data is prepared.
 - Silent when called from Python apart from the progress bar (``progress=False`` removes it);
   messages go to the ``rove.train`` logger.
+
+This module is the step loop and its order of steps; what happens before the first step (run
+folder, data, model, resume) is :mod:`rove.train.setup`, and the signal handling
+:mod:`rove.train.signals`.
 """
 
 from __future__ import annotations
@@ -34,73 +38,46 @@ import contextlib
 import logging
 import math
 import platform
-import random
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from rove import run_files
 from rove._version import __version__
-from rove.atomic import write_json_atomic
-from rove.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    capture_rng,
-    restore_model,
-    restore_rng,
-    resume_checkpoint,
-    save_checkpoint,
-)
-from rove.data import (
-    TokenLoader,
-    check_tokenizer_identity,
-    data_identity,
-    default_data_dir,
-    get_tokenizer,
-    load_manifest,
-    prepare_dataset,
-    verify_data_identity,
-)
-from rove.data.prepare import MANIFEST_NAME
-from rove.lock import FolderLock, FolderLockedError, acquire
-from rove.model import GPT, GPTConfig
-from rove.precision import autocast_dtype, describe_precision
+from rove.checkpoint import capture_rng, save_checkpoint
+from rove.data import TokenLoader, verify_data_identity
 from rove.terminal import interactive
-from rove.train.config import (
-    RESUMABLE_CHANGES,
-    TrainConfig,
-    build_model_config,
-    run_fingerprint,
-)
+from rove.train.config import TrainConfig, check_data_tokenizer
 from rove.train.distributed import (
     DistInfo,
     all_gather_objects,
     all_reduce_mean,
     barrier,
     init_distributed,
-    load_optimizer_state,
-    shard_fsdp,
     shutdown_distributed,
     unsharded_copy,
-    wrap_ddp,
 )
-from rove.train.metrics import (
-    MetricsLogger,
-    eval_line,
-    mfu,
-    peak_bf16_flops,
-    write_summary,
-)
+from rove.train.metrics import MetricsLogger, eval_line, mfu, write_summary
 from rove.train.schedule import lr_multiplier
+from rove.train.setup import (
+    Progress,
+    Run,
+    build_run,
+    compile_and_wrap,
+    configure_optimizer,
+    prepare_run_data,
+    remove_leftovers,
+    resume_state,
+    run_lock,
+    start_point,
+    write_recipe,
+)
+from rove.train.signals import StopOnSignal, TrainingInterrupted
 
 if TYPE_CHECKING:
     from rove.train.config import ResolvedTrainConfig
@@ -120,77 +97,6 @@ VAL_SEED = 0  # the val windows' order never depends on the run's seed
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss, gradient norm or validation loss became NaN or infinite."""
-
-
-class TrainingInterrupted(Exception):
-    """SIGTERM or SIGINT stopped the run after a step; a checkpoint of that step was written."""
-
-    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        self.exit_code = 128 + signum  # the shell's convention for death by a signal
-        name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name} after step {step}; checkpoint {checkpoint}")
-
-
-class _StopOnSignal:
-    """Turns SIGTERM / SIGINT into a request to stop after the current step.
-
-    Why not die at once: preemption (SIGTERM, then SIGKILL after a grace period) or Ctrl-C
-    would lose everything since the last checkpoint. A second signal restores the previous
-    handler and re-delivers itself, so a stuck run can still be stopped. Only the main thread
-    can install handlers; elsewhere the defaults stay.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.signum = 0
-        self._previous: dict[int, object] = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-
-    def restore(self) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)  # type: ignore[arg-type]
-        self._previous = {}
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.signum:
-            self.restore()
-            signal.raise_signal(signum)
-            return
-        self.signum = signum
-        log.warning("%s: stopping after this step", signal.Signals(signum).name)
-
-    def requested(self, info: DistInfo) -> int:
-        """The signal to stop for (0: none), agreed by all ranks."""
-        if not info.distributed:
-            return self.signum
-        flagged = torch.tensor(float(self.signum > 0), device=info.device)
-        return (self.signum or signal.SIGTERM) if all_reduce_mean(flagged, info).item() else 0
-
-
-def configure_optimizer(
-    model: GPT, cfg: ResolvedTrainConfig, device: torch.device
-) -> torch.optim.AdamW:
-    """AdamW with weight decay on tensors of >= 2 dims (matrices and the tied embedding), none
-    on norms and biases; fused on CUDA. The LR is set per step by the loop."""
-    params = list(model.named_parameters())  # tied weights appear once
-    decay = [p for _, p in params if p.dim() >= 2]
-    no_decay = [p for _, p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(
-        groups,
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=1e-8,
-        fused=device.type == "cuda" or None,
-    )
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -286,148 +192,6 @@ def evaluate(
     return all_reduce_mean(total / n_batches, info).item()
 
 
-# ---------------------------------------------------------------------------- set-up helpers
-def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> tuple[Path, dict]:
-    """(data folder, tokenizer identity); the data is prepared if it is not there yet.
-
-    A given ``data_dir`` with a manifest is used as is. Under torchrun the data must exist
-    beforehand: preparing FineWeb-Edu takes far longer than a collective's timeout.
-    """
-    tok = get_tokenizer(cfg.tokenizer)
-    explicit = cfg.data_dir is not None
-    data_dir = (
-        Path(cfg.data_dir)
-        if cfg.data_dir is not None
-        else default_data_dir(cfg.data, cfg.tokenizer, max_tokens=cfg.data_max_tokens)
-    )
-    prepared = (data_dir / MANIFEST_NAME).is_file()
-    if info.distributed and not prepared:
-        max_tokens = f" --max-tokens {cfg.data_max_tokens}" if cfg.data_max_tokens else ""
-        raise FileNotFoundError(
-            f"{data_dir}: no prepared data; before a multi-process run prepare it once with "
-            f"`rove data prepare --source {cfg.data} --tokenizer {cfg.tokenizer} "
-            f"--out {data_dir}{max_tokens}`"
-        )
-    if info.is_main and not (explicit and prepared):
-        if not prepared:  # a cached dataset is only checked, silently
-            log.info("preparing %s (%s) in %s", cfg.data, cfg.tokenizer, data_dir)
-        prepare_dataset(
-            cfg.data,
-            data_dir,
-            cfg.tokenizer,
-            max_tokens=cfg.data_max_tokens,
-            workers=1
-            if cfg.tokenizer == "byte"
-            else None,  # bytes: a pool costs more than it saves
-            progress=progress,  # prepare_dataset shows a bar only on a terminal
-        )
-    barrier(info)
-    manifest = load_manifest(data_dir)
-    check_tokenizer_identity(tok.identity(), manifest["tokenizer"], f"data in {data_dir}")
-    return data_dir, tok.identity()
-
-
-@contextlib.contextmanager
-def _run_lock(run_dir: Path, info: DistInfo) -> Iterator[FolderLock | None]:
-    """Rank 0 locks the run folder; every rank raises if it could not."""
-    lock, error = None, None
-    if info.is_main:
-        try:
-            lock = acquire(run_dir, f"run folder {run_dir}")
-        except FolderLockedError as err:
-            error = str(err)
-    errors = [e for e in all_gather_objects(error, info) if e]
-    if errors:
-        raise FolderLockedError(errors[0])
-    try:
-        yield lock
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def _resume_point(run_dir: Path, cfg: TrainConfig) -> Checkpoint | None:
-    """The checkpoint to resume from, checked against ``cfg`` before any data is prepared."""
-    ckpt = resume_checkpoint(run_dir)
-    if ckpt is None:
-        if (run_dir / run_files.METRICS).exists():
-            log.warning("%s has no checkpoint yet: starting it again at step 0", run_dir)
-        return None
-    if not isinstance(ckpt.meta.get("loader"), dict) or not ckpt.meta.get("rng"):
-        raise CheckpointError(f"{ckpt.path}: not a training checkpoint (no loader/RNG state)")
-    _check_resumable(ckpt.meta["train_config"], cfg.to_dict(), ckpt.path)
-    return ckpt
-
-
-def _check_resumable(stored: dict, current: dict, where: Path) -> None:
-    changed = sorted(
-        k
-        for k in set(stored) | set(current)
-        if k not in RESUMABLE_CHANGES and stored.get(k) != current.get(k)
-    )
-    if changed:
-        details = ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in changed)
-        raise ValueError(
-            f"cannot resume {where}: the config differs in {details}; only "
-            f"{', '.join(RESUMABLE_CHANGES)} may change on resume"
-        )
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-# ---------------------------------------------------------------------------- run state
-@dataclass(frozen=True)
-class _RunData:
-    """The prepared data a run trains on, with the identities recorded alongside it."""
-
-    dir: Path
-    identity: dict  # rove.data.data_identity: each validation and `rove eval` check it
-    tokenizer: dict  # the tokenizer's identity: the data's and any checkpoint's must match
-
-
-@dataclass(frozen=True)
-class _Run:
-    """The parts of a run that its steps share, built once before the loop."""
-
-    cfg: ResolvedTrainConfig
-    info: DistInfo
-    dir: Path
-    data: _RunData
-    model_cfg: GPTConfig
-    amp: torch.dtype | None
-    grad_accum: int
-    raw: GPT  # unwrapped (sharded under FSDP): checkpoints and parameter counts read it
-    optimizer: torch.optim.AdamW
-    loader: TokenLoader
-    flops_per_token: float
-    peak_flops: float | None  # None: MFU is not reported
-    started: float  # perf_counter() when the call began: wall time and log lines count from it
-
-    def cpu_twin(self) -> tuple[GPT, torch.optim.Optimizer]:
-        """An unsharded CPU model and optimizer: FSDP state is gathered into it to be saved."""
-        twin = GPT(self.model_cfg)
-        return twin, configure_optimizer(twin, self.cfg, torch.device("cpu"))
-
-
-@dataclass
-class _Progress:
-    """The loop's mutable state; a resumed run starts it from its checkpoint."""
-
-    step: int = 0
-    elapsed_before: float = 0.0  # wall time of the sessions before a resume
-    last_ckpt: Path | None = None  # named in errors: the newest state to go back to
-    first_step: int = 0  # this session's first step (a resumed run's: its checkpoint's)
-    loop_start: float = 0.0  # perf_counter() at first_step: the ETA's pace counts from it
-    train_time: float = 0.0  # seconds of the timed steps, for the summary's tokens/s
-    timed_tokens: int = 0
-    rate: float | None = None  # smoothed tokens/s, for the bar and the log lines
-    last_val: float | None = None  # newest validation loss, for the bar
-
-
 # ---------------------------------------------------------------------------- train
 def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> Path:
     """Train a model as ``cfg`` says and return the run directory.
@@ -441,15 +205,23 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
     ``TrainingInterrupted`` after saving a checkpoint when SIGTERM or SIGINT arrives.
     """
     cfg = cfg.resolve()
-    info = init_distributed(cfg.device)
+    check_data_tokenizer(cfg)  # before the run folder is made or locked
+    stop = StopOnSignal()
+    stop.install()
     try:
-        with _run_lock(Path(cfg.out_dir) / cfg.run_name, info):
-            return _train(cfg, info, progress=progress, resume=resume)
+        info = init_distributed(cfg.device)
+        try:
+            with run_lock(Path(cfg.out_dir) / cfg.run_name, info):
+                return _train(cfg, info, stop, progress=progress, resume=resume)
+        finally:
+            shutdown_distributed(info)
     finally:
-        shutdown_distributed(info)
+        stop.restore()
 
 
-def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: bool) -> Path:
+def _train(
+    cfg: ResolvedTrainConfig, info: DistInfo, stop: StopOnSignal, *, progress: bool, resume: bool
+) -> Path:
     """:func:`train` inside the run folder's lock, as a sequence of steps.
 
     Their order is part of the behaviour: a resume is checked before any data is prepared,
@@ -459,163 +231,33 @@ def _train(cfg: ResolvedTrainConfig, info: DistInfo, *, progress: bool, resume: 
     started = time.perf_counter()
     grad_accum = cfg.grad_accum_steps(info.world_size)  # a batch that does not divide fails first
     run_dir = Path(cfg.out_dir) / cfg.run_name
-    ckpt = _start_point(run_dir, cfg, resume)
-    data = _prepare_run_data(cfg, info, progress)
-    run = _build_run(cfg, info, run_dir, data, grad_accum, ckpt, started)
-    state = _resume_state(run, ckpt) if ckpt is not None else _Progress()
+    if info.is_main:
+        remove_leftovers(run_dir)
+    ckpt = start_point(run_dir, cfg, resume)
+    stop.checkpoint = ckpt.path if ckpt is not None else None
+    data = prepare_run_data(cfg, info, progress)
+    run = build_run(cfg, info, run_dir, data, grad_accum, ckpt, started)
+    state = resume_state(run, ckpt) if ckpt is not None else Progress()
     del ckpt  # restored: free its copy of the weights and optimizer state before training
     if state.step >= cfg.max_steps and (run_dir / run_files.SUMMARY).is_file():
         return run_dir  # resuming a finished run: nothing to do
-    compiled, model = _compile_and_wrap(run)
-    _write_run_config(run)
+    compiled, model = compile_and_wrap(run)
+    write_recipe(run)
     # a bar only on a terminal (in a file it is \r noise); otherwise one log line per validation
     show_bar = progress and info.is_main and interactive()
-    _train_steps(run, state, model, compiled, show_bar=show_bar)
+    _train_steps(run, state, model, compiled, stop, show_bar=show_bar)
     _write_run_summary(run, state)
     barrier(info)
     return run_dir
 
 
-# ---------------------------------------------------------------------------- run set-up
-def _start_point(run_dir: Path, cfg: TrainConfig, resume: bool) -> Checkpoint | None:
-    """The checkpoint to resume from, or None to start at step 0.
-
-    Checked before any data is prepared (hours at scale); without ``resume`` a run folder
-    that already holds a run is refused rather than overwritten.
-    """
-    if resume:
-        return _resume_point(run_dir, cfg)
-    if (run_dir / run_files.CHECKPOINTS).exists() or (run_dir / run_files.METRICS).exists():
-        raise FileExistsError(
-            f"{run_dir} already holds a run; resume it (resume=True, --resume) or choose "
-            "another run_name / out_dir"
-        )
-    return None
-
-
-def _prepare_run_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> _RunData:
-    """The run's data, prepared if need be. Its fixed val windows are built now, so a split
-    too short for one fails before training, not at the first validation (maybe the last)."""
-    data_dir, tokenizer = _prepare_data(cfg, info, progress)
-    identity = data_identity(data_dir)
-    TokenLoader(data_dir, "val", cfg.micro_batch, cfg.seq_len, world_size=info.world_size)
-    return _RunData(data_dir, identity, tokenizer)
-
-
-def _build_run(
-    cfg: ResolvedTrainConfig,
-    info: DistInfo,
-    run_dir: Path,
-    data: _RunData,
-    grad_accum: int,
-    ckpt: Checkpoint | None,
-    started: float,
-) -> _Run:
-    """Seed, then build the model (with ``ckpt``'s weights), train loader and optimizer.
-
-    The weights go into the CPU model before it is placed and sharded; the rest of ``ckpt``
-    (optimizer, loader position, RNG) is restored by :func:`_resume_state`.
-    """
-    model_cfg = build_model_config(cfg, vocab_size=data.tokenizer["vocab_size"])
-    amp = autocast_dtype(cfg.dtype, info.device)
-    if info.is_main:
-        log.info(describe_precision(cfg.dtype, info.device))
-    _seed_everything(cfg.seed)
-    raw = GPT(model_cfg)
-    loader = TokenLoader(
-        data.dir,
-        "train",
-        cfg.micro_batch,
-        cfg.seq_len,
-        rank=info.rank,
-        world_size=info.world_size,
-        seed=cfg.seed,
-    )
-    if ckpt is not None:
-        _check_resume_data(ckpt, data)
-        restore_model(raw, ckpt)
-    raw.to(info.device)
-    if cfg.parallel == "fsdp":
-        shard_fsdp(raw, info)
-    return _Run(
-        cfg=cfg,
-        info=info,
-        dir=run_dir,
-        data=data,
-        model_cfg=model_cfg,
-        amp=amp,
-        grad_accum=grad_accum,
-        raw=raw,
-        optimizer=configure_optimizer(raw, cfg, info.device),
-        loader=loader,
-        flops_per_token=raw.flops_per_token(cfg.seq_len),
-        peak_flops=peak_bf16_flops(info.device) if amp is not None else None,
-        started=started,
-    )
-
-
-def _check_resume_data(ckpt: Checkpoint, data: _RunData) -> None:
-    """Refuse to resume on other data or another tokenizer than the checkpoint was trained on."""
-    recorded = ckpt.meta.get("data")
-    now = data.identity
-    if isinstance(recorded, dict) and recorded["manifest_sha256"] != now["manifest_sha256"]:
-        raise ValueError(
-            f"cannot resume {ckpt.path}: its data ({recorded['dir']}) differ from {now['dir']} "
-            "now (manifest hash); resume on the dataset the run started with"
-        )
-    check_tokenizer_identity(ckpt.meta["tokenizer"], data.tokenizer, f"checkpoint {ckpt.path}")
-
-
-def _resume_state(run: _Run, ckpt: Checkpoint) -> _Progress:
-    """Restore ``ckpt``'s optimizer state, loader position and this rank's RNG states, and
-    start the loop at its step: what makes a resumed run repeat the uninterrupted one."""
-    assert ckpt.optimizer_state is not None  # resume_checkpoint loads it
-    load_optimizer_state(run.raw, run.optimizer, ckpt.optimizer_state, run.cpu_twin)
-    run.loader.load_state_dict(ckpt.meta["loader"])
-    rng = ckpt.meta["rng"]
-    restore_rng(rng[run.info.rank] if len(rng) == run.info.world_size else rng[0])
-    step, elapsed_before = ckpt.meta["step"], float(ckpt.meta.get("elapsed_s", 0.0))
-    log.info("resuming %s from step %d", run.dir, step)
-    return _Progress(step=step, elapsed_before=elapsed_before, last_ckpt=ckpt.path)
-
-
-def _compile_and_wrap(run: _Run) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(the module validation runs, the one training steps run): compiled, then DDP-wrapped."""
-    compiled: torch.nn.Module = run.raw
-    if run.cfg.compile:
-        # torch.compile of a module returns an OptimizedModule; its stubs say only Callable
-        compiled = torch.compile(run.raw)  # type: ignore[assignment]
-    model = wrap_ddp(compiled, run.info) if run.cfg.parallel == "ddp" else compiled
-    model.train()
-    return compiled, model
-
-
-def _write_run_config(run: _Run) -> None:
-    """Rank 0 writes ``config.json``: what the run is, for resume checks, compare and eval."""
-    barrier(run.info)  # every rank has checked the run directory before rank 0 writes to it
-    if run.info.is_main:
-        run.dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
-            run.dir / run_files.CONFIG,
-            {
-                "train": run.cfg.to_dict(),
-                "fingerprint": run_fingerprint(run.cfg.to_dict()),  # what compare reuses by
-                "model": run.model_cfg.to_dict(),
-                "tokenizer": run.data.tokenizer,
-                "data_dir": run.data.identity["dir"],
-                "data": run.data.identity,
-                "world_size": run.info.world_size,
-                "grad_accum": run.grad_accum,
-            },
-        )
-
-
 # ---------------------------------------------------------------------------- the loop
 def _train_steps(
-    run: _Run,
-    state: _Progress,
+    run: Run,
+    state: Progress,
     model: torch.nn.Module,
     compiled: torch.nn.Module,
+    stop: StopOnSignal,
     *,
     show_bar: bool,
 ) -> None:
@@ -643,8 +285,7 @@ def _train_steps(
         disable=not show_bar,
         dynamic_ncols=True,
     )
-    stop = _StopOnSignal()
-    stop.install()
+    stop.deferred = True
     try:
         if state.step == 0 and cfg.eval_interval > 0:  # the untrained model starts the curve
             val_loss = _validate(run, compiled, 0, state.last_ckpt)
@@ -663,7 +304,7 @@ def _train_steps(
             _checkpoint_or_stop(run, state, stop)
             _show_progress(bar, state, record)
     finally:
-        stop.restore()
+        stop.deferred, stop.step, stop.checkpoint = False, state.step, state.last_ckpt
         bar.close()
         metrics.close()
 
@@ -681,7 +322,7 @@ def _lr_at(cfg: ResolvedTrainConfig, step: int) -> float:
     )
 
 
-def _take_step(run: _Run, state: _Progress, model: torch.nn.Module) -> dict[str, float]:
+def _take_step(run: Run, state: Progress, model: torch.nn.Module) -> dict[str, float]:
     """One optimizer step: advances ``state`` and returns the step's metrics record.
 
     A non-finite loss or gradient norm is re-raised naming the step and the last checkpoint.
@@ -735,7 +376,7 @@ def _due(step: int, interval: int, max_steps: int) -> bool:
     return step == max_steps or (interval > 0 and step % interval == 0)
 
 
-def _validate(run: _Run, compiled: torch.nn.Module, at: int, last_ckpt: Path | None) -> float:
+def _validate(run: Run, compiled: torch.nn.Module, at: int, last_ckpt: Path | None) -> float:
     """The validation loss at step ``at``; raises if the data changed or the loss is not finite."""
     verify_data_identity(run.data.identity, run.data.dir)  # not under a running job
     value = evaluate(compiled, run.data.dir, run.cfg, run.info, run.amp)
@@ -747,7 +388,7 @@ def _validate(run: _Run, compiled: torch.nn.Module, at: int, last_ckpt: Path | N
     return value
 
 
-def _progress_line(run: _Run, state: _Progress, record: dict[str, float]) -> str:
+def _progress_line(run: Run, state: Progress, record: dict[str, float]) -> str:
     """A validation's log line, the bar's stand-in off a terminal.
 
     The ETA comes from this session's pace, so before its first step there is none (nor a
@@ -766,7 +407,7 @@ def _progress_line(run: _Run, state: _Progress, record: dict[str, float]) -> str
     )
 
 
-def _checkpoint_or_stop(run: _Run, state: _Progress, stop: _StopOnSignal) -> None:
+def _checkpoint_or_stop(run: Run, state: Progress, stop: StopOnSignal) -> None:
     """Checkpoint when due or when a signal asks to stop, then raise ``TrainingInterrupted``
     for the signal. After the last step no signal is asked for: the run is done anyway."""
     cfg = run.cfg
@@ -778,7 +419,7 @@ def _checkpoint_or_stop(run: _Run, state: _Progress, stop: _StopOnSignal) -> Non
         raise TrainingInterrupted(signum, state.step, state.last_ckpt)
 
 
-def _save(run: _Run, at: int, elapsed: float) -> Path | None:
+def _save(run: Run, at: int, elapsed: float) -> Path | None:
     """Checkpoint step ``at`` with every rank's RNG states; rank 0 writes it and returns its path.
 
     Under FSDP the shards are gathered into an unsharded CPU copy first (collective: every
@@ -810,7 +451,7 @@ def _save(run: _Run, at: int, elapsed: float) -> Path | None:
     return path
 
 
-def _show_progress(bar: tqdm, state: _Progress, record: dict[str, float]) -> None:
+def _show_progress(bar: tqdm, state: Progress, record: dict[str, float]) -> None:
     """Advance the bar, showing the loss, speed, newest validation loss and MFU."""
     postfix = {"loss": f"{record['loss']:.4f}", "tok/s": f"{state.rate:,.0f}"}
     state.last_val = record.get("val_loss", state.last_val)
@@ -823,7 +464,7 @@ def _show_progress(bar: tqdm, state: _Progress, record: dict[str, float]) -> Non
 
 
 # ---------------------------------------------------------------------------- the end
-def _write_run_summary(run: _Run, state: _Progress) -> None:
+def _write_run_summary(run: Run, state: Progress) -> None:
     """Rank 0 writes ``summary.json``: losses, size, speed and the machine it ran on."""
     info = run.info
     wall = state.elapsed_before + time.perf_counter() - run.started

@@ -3,7 +3,8 @@
 Why JSON lines: the report and ``rove compare`` read results from files, not from a dashboard;
 one JSON object per line survives a crash mid-run (every line is flushed) and is trivially
 truncated back to a checkpoint's step on resume, so a resumed run's file equals the
-uninterrupted run's. TensorBoard and W&B are imported lazily, only when listed in ``loggers``.
+uninterrupted run's. A line cut short by a kill or a full disk can only be the last one: it is
+skipped with a warning naming the file, and dropped when the run resumes. TensorBoard and W&B are imported lazily, only when listed in ``loggers``.
 
 MFU = achieved model FLOP/s per device / the device's peak dense bf16 FLOP/s, with the model's
 ``flops_per_token`` (6N + attention, PaLM appendix B). The peak table is small and by device
@@ -13,6 +14,7 @@ name; an unknown device gets no MFU rather than a wrong one.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -30,6 +32,8 @@ __all__ = [
     "read_metrics",
     "write_summary",
 ]
+
+log = logging.getLogger("rove.train")
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s.
 PEAK_BF16_FLOPS = {
@@ -99,11 +103,33 @@ def eval_line(
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of ``run_dir/metrics.jsonl`` (empty if none)."""
+    """The records of ``run_dir/metrics.jsonl`` (empty if none).
+
+    An unfinished last line (no newline, not JSON: an append cut short) is skipped with a
+    warning; any other line that is not a JSON object is a ``ValueError`` naming the file.
+    """
     path = Path(run_dir) / run_files.METRICS
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")  # the last item is "" when the file ends with a newline
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif number == len(lines):
+            log.warning(
+                "%s: skipping an incomplete last line (a write cut short): %.60r", path, line
+            )
+        else:
+            raise ValueError(f"{path}, line {number}: not a JSON record: {line[:60]!r}")
+    return records
 
 
 def write_summary(run_dir: Path, fields: dict) -> dict:

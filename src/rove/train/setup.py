@@ -1,0 +1,385 @@
+"""A training run's set-up, before its first step: the run folder (lock, leftovers, resume
+point), the data, the model, optimizer and loader (restored from a checkpoint when resuming),
+compilation and wrapping, and the recipe written into the folder.
+
+:func:`rove.train.loop.train` calls these in a fixed order; every rank meets the same
+collectives in it, which bit-exact resume relies on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from rove import run_files
+from rove.atomic import remove_temp_files, write_json_atomic
+from rove.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    remove_partial_checkpoints,
+    restore_model,
+    restore_rng,
+    resume_checkpoint,
+)
+from rove.data import (
+    TokenLoader,
+    check_tokenizer_identity,
+    data_identity,
+    default_data_dir,
+    get_tokenizer,
+    load_manifest,
+    prepare_dataset,
+)
+from rove.data.prepare import MANIFEST_NAME
+from rove.lock import FolderLock, FolderLockedError, acquire
+from rove.model import GPT, GPTConfig
+from rove.precision import autocast_dtype, describe_precision
+from rove.train.config import (
+    RESUMABLE_CHANGES,
+    TrainConfig,
+    build_model_config,
+    run_fingerprint,
+)
+from rove.train.distributed import (
+    DistInfo,
+    all_gather_objects,
+    barrier,
+    load_optimizer_state,
+    shard_fsdp,
+    wrap_ddp,
+)
+from rove.train.metrics import peak_bf16_flops
+
+if TYPE_CHECKING:
+    from rove.train.config import ResolvedTrainConfig
+
+__all__ = [
+    "Progress",
+    "Run",
+    "RunData",
+    "build_run",
+    "compile_and_wrap",
+    "configure_optimizer",
+    "prepare_run_data",
+    "remove_leftovers",
+    "resume_state",
+    "run_lock",
+    "start_point",
+    "write_recipe",
+]
+
+log = logging.getLogger("rove.train")
+
+
+def configure_optimizer(
+    model: GPT, cfg: ResolvedTrainConfig, device: torch.device
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on tensors of >= 2 dims (matrices and the tied embedding), none
+    on norms and biases; fused on CUDA. The LR is set per step by the loop."""
+    params = list(model.named_parameters())  # tied weights appear once
+    decay = [p for _, p in params if p.dim() >= 2]
+    no_decay = [p for _, p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=1e-8,
+        fused=device.type == "cuda" or None,
+    )
+
+
+def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> tuple[Path, dict]:
+    """(data folder, tokenizer identity); the data is prepared if it is not there yet.
+
+    A given ``data_dir`` with a manifest is used as is. Under torchrun the data must exist
+    beforehand: preparing FineWeb-Edu takes far longer than a collective's timeout.
+    """
+    tok = get_tokenizer(cfg.tokenizer)
+    explicit = cfg.data_dir is not None
+    data_dir = (
+        Path(cfg.data_dir)
+        if cfg.data_dir is not None
+        else default_data_dir(cfg.data, cfg.tokenizer, max_tokens=cfg.data_max_tokens)
+    )
+    prepared = (data_dir / MANIFEST_NAME).is_file()
+    if info.distributed and not prepared:
+        max_tokens = f" --max-tokens {cfg.data_max_tokens}" if cfg.data_max_tokens else ""
+        raise FileNotFoundError(
+            f"{data_dir}: no prepared data; before a multi-process run prepare it once with "
+            f"`rove data prepare --source {cfg.data} --tokenizer {cfg.tokenizer} "
+            f"--out {data_dir}{max_tokens}`"
+        )
+    if info.is_main and not (explicit and prepared):
+        if not prepared:  # a cached dataset is only checked, silently
+            log.info("preparing %s (%s) in %s", cfg.data, cfg.tokenizer, data_dir)
+        prepare_dataset(
+            cfg.data,
+            data_dir,
+            cfg.tokenizer,
+            max_tokens=cfg.data_max_tokens,
+            workers=1
+            if cfg.tokenizer == "byte"
+            else None,  # bytes: a pool costs more than it saves
+            progress=progress,  # prepare_dataset shows a bar only on a terminal
+        )
+    barrier(info)
+    manifest = load_manifest(data_dir)
+    check_tokenizer_identity(tok.identity(), manifest["tokenizer"], f"data in {data_dir}")
+    return data_dir, tok.identity()
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path, info: DistInfo) -> Iterator[FolderLock | None]:
+    """Rank 0 locks the run folder; every rank raises if it could not."""
+    lock, error = None, None
+    if info.is_main:
+        try:
+            lock = acquire(run_dir, f"run folder {run_dir}")
+        except FolderLockedError as err:
+            error = str(err)
+    errors = [e for e in all_gather_objects(error, info) if e]
+    if errors:
+        raise FolderLockedError(errors[0])
+    try:
+        yield lock
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _resume_point(run_dir: Path, cfg: TrainConfig) -> Checkpoint | None:
+    """The checkpoint to resume from, checked against ``cfg`` before any data is prepared."""
+    ckpt = resume_checkpoint(run_dir)
+    if ckpt is None:
+        if (run_dir / run_files.METRICS).exists():
+            log.warning("%s has no checkpoint yet: starting it again at step 0", run_dir)
+        return None
+    if not isinstance(ckpt.meta.get("loader"), dict) or not ckpt.meta.get("rng"):
+        raise CheckpointError(f"{ckpt.path}: not a training checkpoint (no loader/RNG state)")
+    _check_resumable(ckpt.meta["train_config"], cfg.to_dict(), ckpt.path)
+    return ckpt
+
+
+def _check_resumable(stored: dict, current: dict, where: Path) -> None:
+    changed = sorted(
+        k
+        for k in set(stored) | set(current)
+        if k not in RESUMABLE_CHANGES and stored.get(k) != current.get(k)
+    )
+    if changed:
+        details = ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in changed)
+        raise ValueError(
+            f"cannot resume {where}: the config differs in {details}; only "
+            f"{', '.join(RESUMABLE_CHANGES)} may change on resume"
+        )
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------- run state
+@dataclass(frozen=True)
+class RunData:
+    """The prepared data a run trains on, with the identities recorded alongside it."""
+
+    dir: Path
+    identity: dict  # rove.data.data_identity: each validation and `rove eval` check it
+    tokenizer: dict  # the tokenizer's identity: the data's and any checkpoint's must match
+
+
+@dataclass(frozen=True)
+class Run:
+    """The parts of a run that its steps share, built once before the loop."""
+
+    cfg: ResolvedTrainConfig
+    info: DistInfo
+    dir: Path
+    data: RunData
+    model_cfg: GPTConfig
+    amp: torch.dtype | None
+    grad_accum: int
+    raw: GPT  # unwrapped (sharded under FSDP): checkpoints and parameter counts read it
+    optimizer: torch.optim.AdamW
+    loader: TokenLoader
+    flops_per_token: float
+    peak_flops: float | None  # None: MFU is not reported
+    started: float  # perf_counter() when the call began: wall time and log lines count from it
+
+    def cpu_twin(self) -> tuple[GPT, torch.optim.Optimizer]:
+        """An unsharded CPU model and optimizer: FSDP state is gathered into it to be saved."""
+        twin = GPT(self.model_cfg)
+        return twin, configure_optimizer(twin, self.cfg, torch.device("cpu"))
+
+
+@dataclass
+class Progress:
+    """The loop's mutable state; a resumed run starts it from its checkpoint."""
+
+    step: int = 0
+    elapsed_before: float = 0.0  # wall time of the sessions before a resume
+    last_ckpt: Path | None = None  # named in errors: the newest state to go back to
+    first_step: int = 0  # this session's first step (a resumed run's: its checkpoint's)
+    loop_start: float = 0.0  # perf_counter() at first_step: the ETA's pace counts from it
+    train_time: float = 0.0  # seconds of the timed steps, for the summary's tokens/s
+    timed_tokens: int = 0
+    rate: float | None = None  # smoothed tokens/s, for the bar and the log lines
+    last_val: float | None = None  # newest validation loss, for the bar
+
+
+def remove_leftovers(run_dir: Path) -> None:
+    """Delete the temp files and half-written checkpoint folders of a killed earlier process
+    (this one holds the run folder's lock, so none of them is being written)."""
+    removed = [
+        *remove_temp_files(run_dir),
+        *remove_partial_checkpoints(run_dir / run_files.CHECKPOINTS),
+    ]
+    if removed:
+        log.warning("removed what an interrupted run left: %s", ", ".join(map(str, removed)))
+
+
+def start_point(run_dir: Path, cfg: TrainConfig, resume: bool) -> Checkpoint | None:
+    """The checkpoint to resume from, or None to start at step 0.
+
+    Checked before any data is prepared (hours at scale); without ``resume`` a run folder
+    that already holds a run is refused rather than overwritten.
+    """
+    if resume:
+        return _resume_point(run_dir, cfg)
+    if (run_dir / run_files.CHECKPOINTS).exists() or (run_dir / run_files.METRICS).exists():
+        raise FileExistsError(
+            f"{run_dir} already holds a run; resume it (resume=True, --resume) or choose "
+            "another run_name / out_dir"
+        )
+    return None
+
+
+def prepare_run_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> RunData:
+    """The run's data, prepared if need be. Its fixed val windows are built now, so a split
+    too short for one fails before training, not at the first validation (maybe the last)."""
+    data_dir, tokenizer = _prepare_data(cfg, info, progress)
+    identity = data_identity(data_dir)
+    TokenLoader(data_dir, "val", cfg.micro_batch, cfg.seq_len, world_size=info.world_size)
+    return RunData(data_dir, identity, tokenizer)
+
+
+def build_run(
+    cfg: ResolvedTrainConfig,
+    info: DistInfo,
+    run_dir: Path,
+    data: RunData,
+    grad_accum: int,
+    ckpt: Checkpoint | None,
+    started: float,
+) -> Run:
+    """Seed, then build the model (with ``ckpt``'s weights), train loader and optimizer.
+
+    The weights go into the CPU model before it is placed and sharded; the rest of ``ckpt``
+    (optimizer, loader position, RNG) is restored by :func:`resume_state`.
+    """
+    model_cfg = build_model_config(cfg, vocab_size=data.tokenizer["vocab_size"])
+    amp = autocast_dtype(cfg.dtype, info.device)
+    if info.is_main:
+        log.info(describe_precision(cfg.dtype, info.device))
+    _seed_everything(cfg.seed)
+    raw = GPT(model_cfg)
+    loader = TokenLoader(
+        data.dir,
+        "train",
+        cfg.micro_batch,
+        cfg.seq_len,
+        rank=info.rank,
+        world_size=info.world_size,
+        seed=cfg.seed,
+    )
+    if ckpt is not None:
+        _check_resume_data(ckpt, data)
+        restore_model(raw, ckpt)
+    raw.to(info.device)
+    if cfg.parallel == "fsdp":
+        shard_fsdp(raw, info)
+    return Run(
+        cfg=cfg,
+        info=info,
+        dir=run_dir,
+        data=data,
+        model_cfg=model_cfg,
+        amp=amp,
+        grad_accum=grad_accum,
+        raw=raw,
+        optimizer=configure_optimizer(raw, cfg, info.device),
+        loader=loader,
+        flops_per_token=raw.flops_per_token(cfg.seq_len),
+        peak_flops=peak_bf16_flops(info.device) if amp is not None else None,
+        started=started,
+    )
+
+
+def _check_resume_data(ckpt: Checkpoint, data: RunData) -> None:
+    """Refuse to resume on other data or another tokenizer than the checkpoint was trained on."""
+    recorded = ckpt.meta.get("data")
+    now = data.identity
+    if isinstance(recorded, dict) and recorded["manifest_sha256"] != now["manifest_sha256"]:
+        raise ValueError(
+            f"cannot resume {ckpt.path}: its data ({recorded['dir']}) differ from {now['dir']} "
+            "now (manifest hash); resume on the dataset the run started with"
+        )
+    check_tokenizer_identity(ckpt.meta["tokenizer"], data.tokenizer, f"checkpoint {ckpt.path}")
+
+
+def resume_state(run: Run, ckpt: Checkpoint) -> Progress:
+    """Restore ``ckpt``'s optimizer state, loader position and this rank's RNG states, and
+    start the loop at its step: what makes a resumed run repeat the uninterrupted one."""
+    assert ckpt.optimizer_state is not None  # resume_checkpoint loads it
+    load_optimizer_state(run.raw, run.optimizer, ckpt.optimizer_state, run.cpu_twin)
+    run.loader.load_state_dict(ckpt.meta["loader"])
+    rng = ckpt.meta["rng"]
+    restore_rng(rng[run.info.rank] if len(rng) == run.info.world_size else rng[0])
+    step, elapsed_before = ckpt.meta["step"], float(ckpt.meta.get("elapsed_s", 0.0))
+    log.info("resuming %s from step %d", run.dir, step)
+    return Progress(step=step, elapsed_before=elapsed_before, last_ckpt=ckpt.path)
+
+
+def compile_and_wrap(run: Run) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the module validation runs, the one training steps run): compiled, then DDP-wrapped."""
+    compiled: torch.nn.Module = run.raw
+    if run.cfg.compile:
+        # torch.compile of a module returns an OptimizedModule; its stubs say only Callable
+        compiled = torch.compile(run.raw)  # type: ignore[assignment]
+    model = wrap_ddp(compiled, run.info) if run.cfg.parallel == "ddp" else compiled
+    model.train()
+    return compiled, model
+
+
+def write_recipe(run: Run) -> None:
+    """Rank 0 writes ``recipe.json``: what the run is, for compare, eval and ``--config``."""
+    barrier(run.info)  # every rank has checked the run directory before rank 0 writes to it
+    if run.info.is_main:
+        run.dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(
+            run.dir / run_files.RECIPE,
+            {
+                "train": run.cfg.to_dict(),
+                "fingerprint": run_fingerprint(run.cfg.to_dict()),  # what compare reuses by
+                "model": run.model_cfg.to_dict(),
+                "tokenizer": run.data.tokenizer,
+                "data_dir": run.data.identity["dir"],
+                "data": run.data.identity,
+                "world_size": run.info.world_size,
+                "grad_accum": run.grad_accum,
+            },
+        )
