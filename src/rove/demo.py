@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -130,10 +131,12 @@ def demo_config(quick: bool = False, out_dir: str | None = None) -> CompareConfi
     )  # fmt: skip
 
 
-def probe_tokens_per_second(train: dict[str, Any], *, steps: int = 3, warmup: int = 2) -> float:
+def probe_tokens_per_second(train: dict[str, Any], *, steps: int = 5, warmup: int = 3) -> float:
     """Training tokens/s of ``train``'s recipe with RoVE (the slower encoding) on this machine,
-    in the precision and with the threads the runs will use: ``steps`` timed optimizer steps
-    after ``warmup`` untimed ones, on a random batch (data loading is not timed)."""
+    in the precision and with the threads the runs will use: the median of ``steps`` timed
+    optimizer steps after ``warmup`` untimed ones, on a random batch (data loading is not
+    timed). The median, because one slow step (a first-use allocation, another process) would
+    otherwise shorten a recipe the machine can afford."""
     cfg = TrainConfig.from_dict({**train, "pos": "rove"}).resolve()
     device = torch.device(resolve_device(cfg.device))
     with torch.random.fork_rng(devices=[]):  # leave the runs' random streams untouched
@@ -153,11 +156,12 @@ def probe_tokens_per_second(train: dict[str, Any], *, steps: int = 3, warmup: in
 
         for _ in range(warmup):
             step()
-        start = time.perf_counter()
+        times = []
         for _ in range(steps):
+            start = time.perf_counter()
             step()
-        elapsed = time.perf_counter() - start
-    return steps * cfg.micro_batch * cfg.seq_len / elapsed
+            times.append(time.perf_counter() - start)
+    return cfg.micro_batch * cfg.seq_len / statistics.median(times)
 
 
 def estimate_seconds(cfg: CompareConfig, tokens_per_second: float) -> float:
