@@ -110,7 +110,8 @@ def rotation_cases(
     backend: str, qkv: torch.Tensor, o: torch.Tensor, tables, heads: int
 ) -> dict[tuple[str, str, str], Callable[[], object]]:
     """(op, pass, tensor it moves) -> a call under ``backend``; backward calls replay a graph
-    built once, so they time the backward kernels alone."""
+    built once, so they time the backward kernels alone. In the order split fwd, split bwd,
+    un-rotate fwd, un-rotate bwd (``gpu_suite`` labels them by position)."""
     kw = dict(n_head=heads, n_kv_head=heads, rotate_v=True)
     with use_backend(backend):
         qkv_out = rotate_qkv(qkv, *tables, **kw)

@@ -554,30 +554,12 @@ class Suite:
 
     def dispatch_calls(self, backend: str, t: dict[str, torch.Tensor]) -> Variants:
         """The public ops as a model calls them (dispatch, custom op, autograd node)."""
-        cos, sin = t["cos"], t["sin"]
         qkv = t["qkv"].detach().requires_grad_(True)
         o = t["o"].detach().requires_grad_(True)
-        kw = dict(n_head=self.sizes.heads, n_kv_head=self.sizes.heads, rotate_v=True)
-        with use_backend(backend):
-            outs = rotate_qkv(qkv, cos, sin, **kw)
-            y = unrotate(o, cos, sin)
-        grads, gy = [torch.ones_like(x) for x in outs], torch.ones_like(y)
-
-        def under(fn: Callable[[], object]) -> Callable[[], object]:
-            def call() -> object:
-                with use_backend(backend):
-                    return fn()
-
-            return call
-
-        return {
-            "split fwd": under(lambda: rotate_qkv(qkv, cos, sin, **kw)),
-            "merge (split bwd)": under(
-                lambda: torch.autograd.grad(outs, qkv, grads, retain_graph=True)
-            ),
-            "un-rotate fwd": under(lambda: unrotate(o, cos, sin)),
-            "un-rotate bwd": under(lambda: torch.autograd.grad(y, o, gy, retain_graph=True)),
-        }
+        calls = bench_kernels.rotation_cases(
+            backend, qkv, o, (t["cos"], t["sin"]), self.sizes.heads
+        )
+        return dict(zip(OPS, calls.values(), strict=True))
 
     def stage_rotation(self, budget: float) -> tuple[dict, str]:
         started = self.clock()
