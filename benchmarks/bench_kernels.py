@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 import harness
 from rove.functional import POS_CHOICES
-from rove.kernels import split_rotate_qkv, unrotate_output, use_backend
+from rove.kernels import rotate_qkv, unrotate, use_backend
 from rove.layer import RoveAttention
 from rove.rotary import Rotary
 
@@ -94,7 +94,7 @@ def check_triton_matches_torch(args: argparse.Namespace, tables, qkv, o) -> floa
     results = {}
     for backend in ("torch", "triton"):
         with use_backend(backend):
-            outs = [*split_rotate_qkv(qkv, *tables, **kw), unrotate_output(o, *tables)]
+            outs = [*rotate_qkv(qkv, *tables, **kw), unrotate(o, *tables)]
             weights = torch.linspace(-1, 1, args.head_dim, device=qkv.device)
             loss = sum((t.float().unflatten(-1, (-1, args.head_dim)) * weights).sum() for t in outs)
             results[backend] = [*outs, *torch.autograd.grad(loss, (qkv, o))]
@@ -110,11 +110,12 @@ def rotation_cases(
     backend: str, qkv: torch.Tensor, o: torch.Tensor, tables, heads: int
 ) -> dict[tuple[str, str, str], Callable[[], object]]:
     """(op, pass, tensor it moves) -> a call under ``backend``; backward calls replay a graph
-    built once, so they time the backward kernels alone."""
+    built once, so they time the backward kernels alone. In the order split fwd, split bwd,
+    un-rotate fwd, un-rotate bwd (``gpu_suite`` labels them by position)."""
     kw = dict(n_head=heads, n_kv_head=heads, rotate_v=True)
     with use_backend(backend):
-        qkv_out = split_rotate_qkv(qkv, *tables, **kw)
-        y = unrotate_output(o, *tables)
+        qkv_out = rotate_qkv(qkv, *tables, **kw)
+        y = unrotate(o, *tables)
     g_qkv, g_y = [torch.randn_like(t) for t in qkv_out], torch.randn_like(y)
 
     def under(fn: Callable[[], object]) -> Callable[[], object]:
@@ -125,11 +126,11 @@ def rotation_cases(
         return call
 
     return {
-        ("qkv split+rotate", "fwd", "qkv"): under(lambda: split_rotate_qkv(qkv, *tables, **kw)),
+        ("qkv split+rotate", "fwd", "qkv"): under(lambda: rotate_qkv(qkv, *tables, **kw)),
         ("qkv split+rotate", "bwd", "qkv"): under(
             lambda: torch.autograd.grad(qkv_out, qkv, g_qkv, retain_graph=True)
         ),
-        ("o un-rotate", "fwd", "o"): under(lambda: unrotate_output(o, *tables)),
+        ("o un-rotate", "fwd", "o"): under(lambda: unrotate(o, *tables)),
         ("o un-rotate", "bwd", "o"): under(
             lambda: torch.autograd.grad(y, o, g_y, retain_graph=True)
         ),

@@ -66,9 +66,9 @@ import harness
 from rove.functional import POS_CHOICES
 from rove.kernels import (
     rotate,
-    split_rotate_qkv,
+    rotate_qkv,
     triton_available,
-    unrotate_output,
+    unrotate,
     use_backend,
 )
 from rove.kernels.torch_rotary import rotate_into
@@ -401,15 +401,15 @@ class Suite:
         weights, made on the device, differ per channel so a wrong plane shows)."""
         rot = Rotary(self.sizes.head_dim, int(inputs["rotary_dim"]), convention=case.convention)
         cos, sin = rot.tables(inputs["positions"].to(self.device))
-        src = inputs["qkv" if op == "split_rotate_qkv" else "o"].to(self.device, dtype)
+        src = inputs["qkv" if op == "rotate_qkv" else "o"].to(self.device, dtype)
         src = src.detach().requires_grad_(True)
         with use_backend(backend):
-            if op == "split_rotate_qkv":
+            if op == "rotate_qkv":
                 kw = dict(n_head=case.n_head, n_kv_head=case.n_kv_head, rotate_v=case.rotate_v,
                           shared_kv=case.shared_kv, convention=case.convention)  # fmt: skip
-                outs = list(split_rotate_qkv(src, cos, sin, **kw))
-            elif op == "unrotate_output":
-                outs = [unrotate_output(src, cos, sin, convention=case.convention)]
+                outs = list(rotate_qkv(src, cos, sin, **kw))
+            elif op == "unrotate":
+                outs = [unrotate(src, cos, sin, convention=case.convention)]
             else:
                 outs = [rotate(src, cos, sin, convention=case.convention)]
         w = torch.linspace(-1, 2, self.sizes.head_dim, device=self.device, dtype=torch.float64)
@@ -425,8 +425,8 @@ class Suite:
         hd, conv = self.sizes.head_dim, case.convention
         angles = inputs["angles"]
         ang = angles[:, None] if angles.ndim == 3 else angles  # (B, 1, T, r/2) or (T, r/2)
-        src = inputs["qkv" if op == "split_rotate_qkv" else "o"].clone().requires_grad_(True)
-        if op == "split_rotate_qkv":
+        src = inputs["qkv" if op == "rotate_qkv" else "o"].clone().requires_grad_(True)
+        if op == "rotate_qkv":
             heads = src.unflatten(-1, (-1, hd)).transpose(1, 2)  # (B, H_total, T, D)
             nq, nk = case.n_head, case.n_kv_head
             q = reference_rotation(heads[:, :nq], ang, conv)
@@ -437,7 +437,7 @@ class Suite:
                 v = heads[:, nq + nk :]
                 v = reference_rotation(v, ang, conv) if case.rotate_v else v
             outs = [q, k, v]
-        elif op == "unrotate_output":
+        elif op == "unrotate":
             outs = [reference_rotation(src, -ang, conv).transpose(1, 2).flatten(2)]
         else:
             outs = [reference_rotation(src, ang, conv)]
@@ -453,7 +453,7 @@ class Suite:
         dtypes = [torch.float32, torch.bfloat16] if self.cuda else [torch.float32]
         for case in check_cases(self.sizes.check_heads):
             inputs = self.check_inputs(case)
-            ops = ["split_rotate_qkv", "unrotate_output"]
+            ops = ["rotate_qkv", "unrotate"]
             ops += ["rotate"] if case.name == "rove" else []
             for op in ops:
                 ref_outs, ref_grad = self.check_reference(op, case, inputs)
@@ -516,13 +516,13 @@ class Suite:
             from rove.kernels.triton_kernels import (
                 launch_merge_qkv,
                 launch_rotate,
-                launch_split_qkv,
+                launch_rotate_qkv,
             )
 
             kw = dict(rotate_v=True, shared_kv=False, interleaved=False)
             y_heads = t["y"].unflatten(-1, (self.sizes.heads, -1)).transpose(1, 2)
             groups["triton launcher"] = {
-                "split fwd": lambda: launch_split_qkv(qkv, t["q"], t["k"], t["v"], cos, sin, **kw),
+                "split fwd": lambda: launch_rotate_qkv(qkv, t["q"], t["k"], t["v"], cos, sin, **kw),
                 "merge (split bwd)": lambda: launch_merge_qkv(
                     t["q"], t["k"], t["v"], t["dqkv"], cos, sin, **kw
                 ),
@@ -554,30 +554,12 @@ class Suite:
 
     def dispatch_calls(self, backend: str, t: dict[str, torch.Tensor]) -> Variants:
         """The public ops as a model calls them (dispatch, custom op, autograd node)."""
-        cos, sin = t["cos"], t["sin"]
         qkv = t["qkv"].detach().requires_grad_(True)
         o = t["o"].detach().requires_grad_(True)
-        kw = dict(n_head=self.sizes.heads, n_kv_head=self.sizes.heads, rotate_v=True)
-        with use_backend(backend):
-            outs = split_rotate_qkv(qkv, cos, sin, **kw)
-            y = unrotate_output(o, cos, sin)
-        grads, gy = [torch.ones_like(x) for x in outs], torch.ones_like(y)
-
-        def under(fn: Callable[[], object]) -> Callable[[], object]:
-            def call() -> object:
-                with use_backend(backend):
-                    return fn()
-
-            return call
-
-        return {
-            "split fwd": under(lambda: split_rotate_qkv(qkv, cos, sin, **kw)),
-            "merge (split bwd)": under(
-                lambda: torch.autograd.grad(outs, qkv, grads, retain_graph=True)
-            ),
-            "un-rotate fwd": under(lambda: unrotate_output(o, cos, sin)),
-            "un-rotate bwd": under(lambda: torch.autograd.grad(y, o, gy, retain_graph=True)),
-        }
+        calls = bench_kernels.rotation_cases(
+            backend, qkv, o, (t["cos"], t["sin"]), self.sizes.heads
+        )
+        return dict(zip(OPS, calls.values(), strict=True))
 
     def stage_rotation(self, budget: float) -> tuple[dict, str]:
         started = self.clock()

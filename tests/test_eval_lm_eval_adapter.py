@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from rove.eval.lm_eval_adapter import RoveLMAdapter, make_lm_eval_model
+from rove.eval.lm_eval_adapter import RoveLMAdapter
+from rove.eval.lm_eval_harness import make_lm_eval_model
 from test_eval_mocks import ByteTokenizer, TableLM
 
 TOK = ByteTokenizer()

@@ -57,7 +57,7 @@ def test_kernel_checks_keep_to_the_device(device_suite):
     loss weights of issue 19's item 1 were made on the CPU)."""
     for case in gpu_suite.check_cases(device_suite.sizes.check_heads):
         inputs = device_suite.check_inputs(case)
-        for op in ("split_rotate_qkv", "unrotate_output", "rotate"):
+        for op in ("rotate_qkv", "unrotate", "rotate"):
             for backend in device_suite.backends():
                 for dtype in (torch.float32, torch.bfloat16):
                     outs, grad = device_suite.check_outputs(op, case, inputs, dtype, backend)

@@ -40,7 +40,7 @@ def compile_sm90(fn, **constexprs):
 # one head of 64 channels, 48 rotated (partial rotary: the pass-through branch is compiled too)
 tile = dict(HALF=24, HEAD_DIM=64, BLOCK_T=16, BLOCK_H=4, BLOCK_HALF=32, BLOCK_PASS=16)
 for interleaved in (False, True):
-    compile_sm90(tk._split_qkv_kernel, **tile, INTERLEAVED=interleaved, ROTATE_V=True)
+    compile_sm90(tk._rotate_qkv_kernel, **tile, INTERLEAVED=interleaved, ROTATE_V=True)
     compile_sm90(tk._rotate_kernel, **tile, INTERLEAVED=interleaved, CONJUGATE=True)
     for rotate_v, shared_kv, has_dv in ((False, False, True), (False, True, True), (True, True, False)):
         compile_sm90(

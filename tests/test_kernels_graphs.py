@@ -18,7 +18,7 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rove.kernels import dispatch, rotate, split_rotate_qkv, torch_rotary, unrotate_output
+from rove.kernels import dispatch, rotate, rotate_qkv, torch_rotary, unrotate
 from rove.model import GPT, get_preset
 from rove.rotary import Rotary
 
@@ -40,8 +40,8 @@ class GraphSizes:
 
 
 def rotations(x: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    q, k, v = split_rotate_qkv(qkv, cos, sin, n_head=H, n_kv_head=H, rotate_v=True)
-    return rotate(x, cos, sin), q, k, v, unrotate_output(x, cos, sin)
+    q, k, v = rotate_qkv(qkv, cos, sin, n_head=H, n_kv_head=H, rotate_v=True)
+    return rotate(x, cos, sin), q, k, v, unrotate(x, cos, sin)
 
 
 def graph_sizes(seq: int) -> list[int]:
@@ -137,4 +137,4 @@ def test_model_compiles_whole_through_the_dispatch_as_on_cuda(pos, monkeypatch):
         if isinstance(module, torch.fx.GraphModule)
         for node in module.graph.nodes
     }
-    assert any(t.startswith("rove.split_rotate_qkv") for t in targets), sorted(targets)
+    assert any(t.startswith("rove.rotate_qkv") for t in targets), sorted(targets)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from rove.kernels import rotate_torch, split_rotate_qkv_torch, unrotate_output_torch
+from rove.kernels import rotate_qkv_torch, rotate_torch, unrotate_torch
 from rove.rotary import Rotary, apply_rotary
 
 B, T, D = 2, 3, 8
@@ -37,7 +37,7 @@ def test_split_gradients_are_exact(convention, rotary_dim, per_batch, rotate_v, 
     qkv = torch.randn(B, T, width, dtype=torch.float64, requires_grad=True)
 
     def split(x):
-        return split_rotate_qkv_torch(
+        return rotate_qkv_torch(
             x, cos, sin, n_head=2, n_kv_head=1, rotate_v=rotate_v, shared_kv=shared_kv,
             convention=convention,
         )  # fmt: skip
@@ -51,7 +51,7 @@ def test_rotate_and_unrotate_gradients_are_exact(convention, rotary_dim, per_bat
     cos, sin = tables(convention, rotary_dim, per_batch)
     o = torch.randn(B, 2, T, D, dtype=torch.float64, requires_grad=True)
     for fn in (
-        lambda x: unrotate_output_torch(x, cos, sin, convention=convention),
+        lambda x: unrotate_torch(x, cos, sin, convention=convention),
         lambda x: rotate_torch(x, cos, sin, convention=convention),
         lambda x: rotate_torch(x, cos, sin, convention=convention, inverse=True),
     ):
@@ -81,12 +81,12 @@ def test_layouts():
     the flattened output are views, not copies."""
     cos, sin = tables("half", D, False, torch.float32)
     qkv = torch.randn(B, T, 8 * D)
-    q, k, v = split_rotate_qkv_torch(qkv, cos, sin, n_head=4, n_kv_head=2, rotate_v=True)
+    q, k, v = rotate_qkv_torch(qkv, cos, sin, n_head=4, n_kv_head=2, rotate_v=True)
     assert all(t.stride() == (T * 8 * D, D, 8 * D, 1) for t in (q, k, v))  # one (B, T, 8, D)
-    _, _, v = split_rotate_qkv_torch(qkv, cos, sin, n_head=4, n_kv_head=2, rotate_v=False)
+    _, _, v = rotate_qkv_torch(qkv, cos, sin, n_head=4, n_kv_head=2, rotate_v=False)
     assert v.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
     o = torch.randn(B, 4, T, D)
-    y = unrotate_output_torch(o, cos, sin)
+    y = unrotate_torch(o, cos, sin)
     assert y.shape == (B, T, 4 * D) and y.is_contiguous()
     x = torch.randn(B, T, 4, D).transpose(1, 2)
     assert rotate_torch(x, cos, sin).stride() == x.stride()
@@ -129,7 +129,7 @@ def test_split_allocates_only_its_outputs(rotate_v, n_rotated):
     qkv = torch.randn(4, T, 16 * D, requires_grad=True)  # 8 q heads, 4 k, 4 v
     outs: list = []
     kw = dict(n_head=8, n_kv_head=4, rotate_v=rotate_v)
-    peak = peak_bytes(lambda: outs.append(split_rotate_qkv_torch(qkv, cos, sin, **kw)))
+    peak = peak_bytes(lambda: outs.append(rotate_qkv_torch(qkv, cos, sin, **kw)))
     assert peak <= 4 * T * n_rotated * D * 4
     grads = [torch.randn_like(t) for t in outs[0]]
     peak = peak_bytes(lambda: torch.autograd.grad(outs[0], qkv, grads))

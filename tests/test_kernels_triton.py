@@ -17,18 +17,18 @@ pytest.importorskip("triton")
 
 from rove.kernels import (
     rotate,
+    rotate_qkv,
+    rotate_qkv_torch,
     rotate_torch,
-    split_rotate_qkv,
-    split_rotate_qkv_torch,
-    unrotate_output,
-    unrotate_output_torch,
+    unrotate,
+    unrotate_torch,
     use_backend,
 )
-from rove.kernels.triton_kernels import INTERPRETED, launch_rotate, launch_split_qkv
+from rove.kernels.triton_kernels import INTERPRETED, launch_rotate, launch_rotate_qkv
 from rove.kernels.triton_rotary import (
+    rotate_qkv_triton,
     rotate_triton,
-    split_rotate_qkv_triton,
-    unrotate_output_triton,
+    unrotate_triton,
 )
 from rove.rotary import Rotary
 
@@ -104,11 +104,11 @@ def test_rotate(convention, rotary_dim, per_batch, dtype, layout, inverse):
 
 
 @pytest.mark.parametrize(("convention", "rotary_dim", "per_batch", "dtype", "layout"), ROTATE_CASES)
-def test_unrotate_output(convention, rotary_dim, per_batch, dtype, layout):
+def test_unrotate(convention, rotary_dim, per_batch, dtype, layout):
     cos, sin = tables(rotary_dim, per_batch, convention)
     o = make_x(layout, dtype)
-    out = unrotate_output_triton(o, cos, sin, convention=convention)
-    ref = unrotate_output_torch(o, cos, sin, convention=convention)
+    out = unrotate_triton(o, cos, sin, convention=convention)
+    ref = unrotate_torch(o, cos, sin, convention=convention)
     assert out.shape == (B, T, H * D) and out.is_contiguous()
     assert_close(out, ref, dtype)
     g = randn(B, T, 2 * H * D, dtype=dtype)[..., ::2]  # a strided upstream gradient
@@ -139,15 +139,15 @@ def make_qkv(layout: str, width: int, dtype: torch.dtype) -> torch.Tensor:
     ("convention", "rotary_dim", "n_head", "n_kv_head", "per_batch", "dtype", "layout"),
     SPLIT_CASES,
 )
-def test_split_rotate_qkv(
+def test_rotate_qkv(
     convention, rotary_dim, n_head, n_kv_head, per_batch, dtype, layout, shared_kv, rotate_v
 ):
     cos, sin = tables(rotary_dim, per_batch, convention)
     width = (n_head + (1 if shared_kv else 2) * n_kv_head) * D
     qkv = make_qkv(layout, width, dtype)
     kw = dict(n_head=n_head, n_kv_head=n_kv_head, rotate_v=rotate_v, shared_kv=shared_kv)
-    out = split_rotate_qkv_triton(qkv, cos, sin, convention=convention, **kw)
-    ref = split_rotate_qkv_torch(qkv, cos, sin, convention=convention, **kw)
+    out = rotate_qkv_triton(qkv, cos, sin, convention=convention, **kw)
+    ref = rotate_qkv_torch(qkv, cos, sin, convention=convention, **kw)
     for a, r in zip(out, ref, strict=True):
         assert_close(a, r, dtype)
     # rotated outputs are (B, T, H, D) storage (FlashAttention's layout); unrotated values are
@@ -171,10 +171,10 @@ def test_many_tiles():
     cos, sin = Rotary(D, 10).tables(positions.to(DEVICE))
     qkv = randn(B, seq, (n_head + 2 * n_kv_head) * D).requires_grad_()
     kw = dict(n_head=n_head, n_kv_head=n_kv_head, rotate_v=True)
-    fast = split_rotate_qkv_triton(qkv, cos, sin, **kw)
-    fast = (*fast, unrotate_output_triton(fast[0], cos, sin))
-    ref = split_rotate_qkv_torch(qkv, cos, sin, **kw)
-    ref = (*ref, unrotate_output_torch(ref[0], cos, sin))
+    fast = rotate_qkv_triton(qkv, cos, sin, **kw)
+    fast = (*fast, unrotate_triton(fast[0], cos, sin))
+    ref = rotate_qkv_torch(qkv, cos, sin, **kw)
+    ref = (*ref, unrotate_torch(ref[0], cos, sin))
     for a, r in zip(fast, ref, strict=True):
         assert_close(a, r, torch.float32)
     g = [torch.randn_like(r) for r in ref]
@@ -194,9 +194,9 @@ def test_double_backward(rotate_v, shared_kv):
     kw["convention"] = "interleaved"
     results = []
     paths = [
-        (split_rotate_qkv_triton, unrotate_output_triton, torch.float32),
-        (split_rotate_qkv_torch, unrotate_output_torch, torch.float32),
-        (split_rotate_qkv_torch, unrotate_output_torch, torch.float64),
+        (rotate_qkv_triton, unrotate_triton, torch.float32),
+        (rotate_qkv_torch, unrotate_torch, torch.float32),
+        (rotate_qkv_torch, unrotate_torch, torch.float64),
     ]
     for split, unrot, dtype in paths:
         x = qkv.detach().to(dtype).requires_grad_()
@@ -219,15 +219,15 @@ def test_dispatchers_route_to_triton():
     with use_backend("triton"):
         fast = (
             rotate(x, cos, sin, convention="interleaved"),
-            unrotate_output(x, cos, sin, convention="interleaved"),
-            *split_rotate_qkv(qkv, cos, sin, **kw),
+            unrotate(x, cos, sin, convention="interleaved"),
+            *rotate_qkv(qkv, cos, sin, **kw),
             rot.unrotate(x[0, 0], offset=3),  # (T, D) input
         )
     with use_backend("torch"):
         ref = (
             rotate(x, cos, sin, convention="interleaved"),
-            unrotate_output(x, cos, sin, convention="interleaved"),
-            *split_rotate_qkv(qkv, cos, sin, **kw),
+            unrotate(x, cos, sin, convention="interleaved"),
+            *rotate_qkv(qkv, cos, sin, **kw),
             rot.unrotate(x[0, 0], offset=3),
         )
     for a, r in zip(fast, ref, strict=True):
@@ -314,7 +314,7 @@ def test_float64_falls_back_to_torch():
     cos, sin = Rotary(D).tables(torch.arange(T, device=DEVICE), torch.float64)
     x = randn(B, H, T, D, dtype=torch.float64)
     assert torch.equal(rotate_triton(x, cos, sin), rotate_torch(x, cos, sin))
-    assert torch.equal(unrotate_output_triton(x, cos, sin), unrotate_output_torch(x, cos, sin))
+    assert torch.equal(unrotate_triton(x, cos, sin), unrotate_torch(x, cos, sin))
 
 
 def _bad_launches():
@@ -344,24 +344,27 @@ def _bad_launches():
             "out must have",
         ),
         "qkv last dim": (
-            lambda: launch_split_qkv(qkv.mT.contiguous().mT, q, k, v, cos, sin, **split),
+            lambda: launch_rotate_qkv(qkv.mT.contiguous().mT, q, k, v, cos, sin, **split),
             "contiguous last dim",
         ),
-        "qkv width": (lambda: launch_split_qkv(qkv[..., :-2], q, k, v, cos, sin, **split), "width"),
+        "qkv width": (
+            lambda: launch_rotate_qkv(qkv[..., :-2], q, k, v, cos, sin, **split),
+            "width",
+        ),
         "GQA": (
-            lambda: split_rotate_qkv_triton(qkv, cos, sin, n_head=4, n_kv_head=3, rotate_v=True),
+            lambda: rotate_qkv_triton(qkv, cos, sin, n_head=4, n_kv_head=3, rotate_v=True),
             "divide n_head",
         ),
         "v for shared rotated kv": (
-            lambda: launch_split_qkv(qkv[..., : 2 * H * D], q, k, v, cos, sin, **shared),
+            lambda: launch_rotate_qkv(qkv[..., : 2 * H * D], q, k, v, cos, sin, **shared),
             "v must be given exactly when",
         ),
         "v for unrotated values": (
-            lambda: launch_split_qkv(qkv, q, k, v, cos, sin, **{**split, "rotate_v": False}),
+            lambda: launch_rotate_qkv(qkv, q, k, v, cos, sin, **{**split, "rotate_v": False}),
             "v must be given exactly when",
         ),
         "q layout": (
-            lambda: launch_split_qkv(qkv, q.contiguous(), k, v, cos, sin, **split),
+            lambda: launch_rotate_qkv(qkv, q.contiguous(), k, v, cos, sin, **split),
             r"view of a contiguous \(B, T, H, D\)",
         ),
     }
@@ -381,9 +384,9 @@ def test_torch_compile_traces_the_custom_ops():
     cos, sin = tables(D, True)
 
     def layer(qkv):
-        q, k, v = split_rotate_qkv(qkv, cos, sin, n_head=H, n_kv_head=2, rotate_v=True)
+        q, k, v = rotate_qkv(qkv, cos, sin, n_head=H, n_kv_head=2, rotate_v=True)
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        return unrotate_output(o, cos, sin)
+        return unrotate(o, cos, sin)
 
     qkv = randn(B, T, (H + 4) * D).requires_grad_()
     compiled = torch.compile(layer, fullgraph=True)
@@ -395,11 +398,11 @@ def test_torch_compile_traces_the_custom_ops():
 
 OPCHECK_CASES = {
     "rotate": ("rotate", lambda x, qkv, c, s: (x, c, s, True, False)),
-    "unrotate_output": ("unrotate_output", lambda x, qkv, c, s: (x, c, s, False)),
-    "split rove": ("split_rotate_qkv", lambda x, qkv, c, s: (qkv, c, s, H, 2, True, False, True)),
-    "split rope": ("split_rotate_qkv", lambda x, qkv, c, s: (qkv, c, s, H, 2, False, False, False)),
+    "unrotate": ("unrotate", lambda x, qkv, c, s: (x, c, s, False)),
+    "split rove": ("rotate_qkv", lambda x, qkv, c, s: (qkv, c, s, H, 2, True, False, True)),
+    "split rope": ("rotate_qkv", lambda x, qkv, c, s: (qkv, c, s, H, 2, False, False, False)),
     "split shared": (
-        "split_rotate_qkv",
+        "rotate_qkv",
         lambda x, qkv, c, s: (qkv[..., : 6 * D], c, s, H, 2, True, True, False),
     ),
     "merge rope": (

@@ -128,6 +128,36 @@ def test_no_module_imports_from_a_higher_layer() -> None:
     assert not wrong, "imports against the layering:\n" + "\n".join(sorted(set(wrong)))
 
 
+# the one circle left (issue 23): ``convert`` marks the config through ``pretrained``, which
+# converts at load time; drop the names once it is broken
+KNOWN_CYCLE = {"rove.hf.conversion", "rove.hf.pretrained"}
+
+
+def test_no_import_cycles() -> None:
+    """Imports run one way: no module reaches itself through others (a package importing its
+    own submodules, and a submodule running its parent package, are not arrows here)."""
+    known = _modules()
+    arrows = {
+        module: {
+            name
+            for name, _ in _imports(module, path, known)
+            if name in known and not module.startswith(f"{name}.") and name != module
+        }
+        for module, path in known.items()
+    }
+    cycles = []
+    for start in arrows.keys() - KNOWN_CYCLE:
+        seen, todo = set(), list(arrows[start])
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo += arrows.get(name, ())
+        if start in seen:
+            cycles.append(start)
+    assert not cycles, f"modules on an import cycle: {sorted(cycles)}"
+
+
 def test_the_rule_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     """The checker itself: a function-level import and a relative one are both found."""
     pkg = tmp_path / "rove" / "data"

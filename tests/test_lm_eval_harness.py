@@ -20,7 +20,8 @@ pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
 from rove.data import get_tokenizer
-from rove.eval.lm_eval_adapter import RoveLMAdapter, make_lm_eval_model
+from rove.eval.lm_eval_adapter import RoveLMAdapter
+from rove.eval.lm_eval_harness import make_lm_eval_model
 from rove.hf.export import export_model
 from rove.model import GPT, GPTConfig
 from run_folders import save_byte_run

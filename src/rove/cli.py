@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "vision": ("rove.vision", "2-D RoPE vs RoVE ViT on offline digits, with extrapolation"),
     "data": ("rove.data.prepare", "`rove data prepare`: tokenize a corpus into token shards"),
     "export": ("rove.hf.export", "write a run's model as a Hugging Face folder (+ tokenizer)"),
-    "lm-eval": ("rove.eval.lm_eval_adapter", "lm-eval's CLI with the `rove` model type (run dirs)"),
+    "lm-eval": ("rove.eval.lm_eval_harness", "lm-eval's CLI with the `rove` model type (run dirs)"),
     "generate": ("rove.generate", "sample text from a run or export folder, streamed"),
 }
 

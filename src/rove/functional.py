@@ -329,7 +329,7 @@ def rotate_qkv(
         q, k = heads[:, :n_head], heads[:, n_head : n_head + n_kv_head]
         return q, k, k if shared_kv else heads[:, n_head + n_kv_head :]
     (cos, sin), conv = _rotating(pos, tables, rotary)
-    return kernels.split_rotate_qkv(
+    return kernels.rotate_qkv(
         qkv,
         cos,
         sin,
@@ -404,7 +404,7 @@ def unrotate(
     if pos == "rove":
         (cos, sin), conv = _rotating(pos, q_tables, rotary)
         if merge_heads:
-            return kernels.unrotate_output(out, cos, sin, convention=conv)
+            return kernels.unrotate(out, cos, sin, convention=conv)
         return kernels.rotate(out, cos, sin, convention=conv, inverse=True)
     return out.transpose(1, 2).flatten(2) if merge_heads else out
 

@@ -4,9 +4,9 @@ lm-evaluation-harness (EleutherAI) asks a model three kinds of questions through
 ``loglikelihood`` of a continuation given a context (with "is it the greedy continuation"),
 ``loglikelihood_rolling`` of a whole text, and ``generate_until`` a stop string. :class:`RoveLMAdapter`
 answers them in plain methods on ``(context, continuation)`` tuples, texts and ``(context, gen_kwargs)``
-tuples, so the request handling is tested without lm-eval installed; :func:`make_lm_eval_model` wraps an
-adapter in :class:`rove.eval.lm_eval_model.RoveLM` (lm-eval's ``rove`` model type), importing lm-eval
-only then (``pip install rove[lm-eval]``).
+tuples, so the request handling is tested without lm-eval installed. lm-eval's ``rove`` model type,
+:class:`rove.eval.lm_eval_model.RoveLM`, wraps one; :mod:`rove.eval.lm_eval_harness` holds the entry
+points (``make_lm_eval_model``, ``rove lm-eval``). Imports run that way only: this module knows neither.
 
 Conventions: every sequence starts with the tokenizer's end-of-text token (the document boundary the
 model was trained with; it also gives an empty context a first token to predict from). Contexts longer
@@ -19,7 +19,6 @@ text at the end-of-text token and at the first stop string.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,9 +27,8 @@ from tqdm.auto import tqdm
 
 from rove.eval.protocol import LanguageModel, TextCodec
 from rove.eval.scoring import encode_pair, model_device, score_continuations
-from rove.terminal import command
 
-__all__ = ["RoveLMAdapter", "make_lm_eval_model"]
+__all__ = ["RoveLMAdapter"]
 
 
 class RoveLMAdapter:
@@ -139,62 +137,3 @@ class RoveLMAdapter:
             cuts = [text.find(s) for s in until if s and s in text]
             outputs.append(text[: min(cuts)] if cuts else text)
         return outputs
-
-
-def make_lm_eval_model(model: LanguageModel, tokenizer: TextCodec, **kwargs: Any) -> Any:
-    """An ``lm_eval.api.model.LM`` instance for ``lm_eval.simple_evaluate(model=...)``.
-
-    ``kwargs`` go to :class:`rove.eval.lm_eval_model.RoveLM` (batch_size, max_length,
-    max_gen_toks, rope_scaling, rope_factor).
-    """
-    try:
-        import lm_eval.api.model  # noqa: F401
-    except ImportError as err:
-        raise ImportError(
-            "lm-evaluation-harness is not installed; install the optional extra: "
-            "pip install rove[lm-eval]"
-        ) from err
-    from rove.eval.lm_eval_model import RoveLM
-
-    return RoveLM(model=model, tokenizer=tokenizer, **kwargs)
-
-
-@command("rove lm-eval")
-def main(argv: list[str] | None = None) -> int:
-    """``rove lm-eval ...``: lm-eval's own CLI with the ``rove`` and ``hf-rove`` model types
-    registered, and Hugging Face folders saved after ``rove.hf.convert`` loading as RoVE.
-
-    Everything after ``lm-eval`` is lm-eval's arguments, e.g. ``--model rove --model_args
-    pretrained=RUN_DIR,max_length=64 --tasks ...``.
-    """
-    try:
-        from lm_eval.__main__ import cli_evaluate
-    except ImportError as err:
-        raise ImportError(
-            "lm-evaluation-harness is not installed; pip install rove[lm-eval]"
-        ) from err
-    import rove.eval.lm_eval_model  # noqa: F401  (registers the ``rove`` and ``hf-rove`` types)
-    from rove.hf import register_auto_classes
-
-    register_auto_classes()  # so `--model hf` too loads saved converted models as RoVE
-
-    argv = list(argv or [])  # rove.terminal.command always passes a list
-    if not argv or argv[0] in ("-h", "--help"):
-        print(
-            "usage: rove lm-eval [lm-eval run arguments]\n\n"
-            "lm-eval's own CLI, with the `rove` and `hf-rove` model types registered:\n"
-            "  rove lm-eval --model rove --model_args pretrained=RUN_DIR[,max_length=N,"
-            "rope_scaling=yarn] --tasks TASKS\n"
-            "  rove lm-eval --model hf-rove --model_args pretrained=HF_FOLDER[,pos=rove|rope,"
-            "<hf arguments>] --tasks TASKS\n"
-            "    (a folder saved after rove.hf.convert loads as RoVE; pos= converts any other)\n"
-            "\nlm-eval's arguments follow.\n"
-        )
-        argv = ["run", "--help"]
-    saved = sys.argv
-    sys.argv = ["lm-eval", *argv]  # lm-eval parses sys.argv itself
-    try:
-        cli_evaluate()
-    finally:
-        sys.argv = saved
-    return 0

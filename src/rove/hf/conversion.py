@@ -29,7 +29,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import nn
 
-from rove.kernels import rotate, unrotate_output
+from rove.kernels import rotate, unrotate
 from rove.rotary import table_dtype
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "convert", "current_pos"]
@@ -157,7 +157,7 @@ class _AttentionState:
         (attn,) = args
         bsz, seq, width = attn.shape
         heads = attn.view(bsz, seq, width // self.head_dim, self.head_dim).transpose(1, 2)
-        return (unrotate_output(heads, cos, sin),)  # (B, T, Hq * D)
+        return (unrotate(heads, cos, sin),)  # (B, T, Hq * D)
 
 
 def _rotate_heads(x: torch.Tensor, head_dim: int, tables: Tables) -> torch.Tensor:

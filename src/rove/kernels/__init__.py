@@ -3,27 +3,27 @@
 from rove.kernels.dispatch import (
     BACKENDS,
     rotate,
-    split_rotate_qkv,
+    rotate_qkv,
     triton_available,
-    unrotate_output,
+    unrotate,
     use_backend,
 )
 from rove.kernels.torch_rotary import (
     heads_view,
+    rotate_qkv_torch,
     rotate_torch,
-    split_rotate_qkv_torch,
-    unrotate_output_torch,
+    unrotate_torch,
 )
 
 __all__ = [
     "BACKENDS",
     "heads_view",
     "rotate",
+    "rotate_qkv",
+    "rotate_qkv_torch",
     "rotate_torch",
-    "split_rotate_qkv",
-    "split_rotate_qkv_torch",
     "triton_available",
-    "unrotate_output",
-    "unrotate_output_torch",
+    "unrotate",
+    "unrotate_torch",
     "use_backend",
 ]

@@ -18,16 +18,16 @@ from collections.abc import Iterator
 
 import torch
 
-from rove.kernels.torch_rotary import rotate_torch, split_rotate_qkv_torch, unrotate_output_torch
+from rove.kernels.torch_rotary import rotate_qkv_torch, rotate_torch, unrotate_torch
 from rove.rotation import Convention
 
 __all__ = [
     "BACKENDS",
     "check_tables",
     "rotate",
-    "split_rotate_qkv",
+    "rotate_qkv",
     "triton_available",
-    "unrotate_output",
+    "unrotate",
     "use_backend",
 ]
 
@@ -125,7 +125,7 @@ def rotate(
     return rotate_torch(x, cos, sin, convention=convention, inverse=inverse)
 
 
-def split_rotate_qkv(
+def rotate_qkv(
     qkv: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -138,15 +138,15 @@ def split_rotate_qkv(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused projection ``(B, T, width)`` -> rotated q, k, v ``(B, H, T, D)`` for SDPA.
 
-    See ``rove.kernels.torch_rotary.split_rotate_qkv_torch`` for the layout.
+    See ``rove.kernels.torch_rotary.rotate_qkv_torch`` for the layout.
     """
     _check_floating("qkv", qkv)
     cos, sin = check_tables(cos, sin, qkv.shape[0], qkv.shape[-2])
-    split = split_rotate_qkv_torch
+    split = rotate_qkv_torch
     if _use_triton(qkv, cos, sin):
-        from rove.kernels.triton_rotary import split_rotate_qkv_triton
+        from rove.kernels.triton_rotary import rotate_qkv_triton
 
-        split = split_rotate_qkv_triton
+        split = rotate_qkv_triton
     return split(
         qkv,
         cos,
@@ -159,13 +159,13 @@ def split_rotate_qkv(
     )
 
 
-def unrotate_output(
+def unrotate(
     o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, convention: Convention = "half"
 ) -> torch.Tensor:
     """Attention output ``(B, H, T, D)`` -> ``R_(-i)``-rotated ``(B, T, H * D)`` for the out-projection."""
     cos, sin = check_tables(cos, sin, o.shape[0], o.shape[-2])
     if _use_triton(o, cos, sin):
-        from rove.kernels.triton_rotary import unrotate_output_triton
+        from rove.kernels.triton_rotary import unrotate_triton
 
-        return unrotate_output_triton(o, cos, sin, convention=convention)
-    return unrotate_output_torch(o, cos, sin, convention=convention)
+        return unrotate_triton(o, cos, sin, convention=convention)
+    return unrotate_torch(o, cos, sin, convention=convention)

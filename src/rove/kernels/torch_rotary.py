@@ -27,9 +27,9 @@ __all__ = [
     "empty_like_layout",
     "heads_view",
     "rotate_into",
+    "rotate_qkv_torch",
     "rotate_torch",
-    "split_rotate_qkv_torch",
-    "unrotate_output_torch",
+    "unrotate_torch",
     "value_heads",
 ]
 
@@ -274,7 +274,7 @@ class _Merge(torch.autograd.Function):
         return outs[0], outs[1], dv, None, None, None, None, None, None, None
 
 
-def split_rotate_qkv_torch(
+def rotate_qkv_torch(
     qkv: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -310,7 +310,7 @@ def split_rotate_qkv_torch(
     return outs[0], outs[1], outs[2] if len(outs) == 3 else outs[1]
 
 
-def unrotate_output_torch(
+def unrotate_torch(
     o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, convention: Convention = "half"
 ) -> torch.Tensor:
     """RoVE's output step: ``R_(-i)`` on ``o`` ``(B, H, T, D)``, returned as ``(B, T, H * D)``.

@@ -40,7 +40,7 @@ __all__ = [
     "INTERPRETED",
     "launch_merge_qkv",
     "launch_rotate",
-    "launch_split_qkv",
+    "launch_rotate_qkv",
     "qkv_head_dim",
 ]
 
@@ -155,7 +155,7 @@ def _segment(pid_h, n_head, n_kv_head, ROTATE_V: tl.constexpr, BLOCK_H: tl.const
 
 
 @triton.jit
-def _split_qkv_kernel(
+def _rotate_qkv_kernel(
     qkv_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
     seq_len, n_head, n_kv_head,
     s_b, s_t,
@@ -414,7 +414,7 @@ def launch_rotate(
     )  # fmt: skip
 
 
-def launch_split_qkv(
+def launch_rotate_qkv(
     qkv: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -472,7 +472,7 @@ def launch_split_qkv(
     n_kb = triton.cdiv(n_kv_head, meta["BLOCK_H"])
     n_blocks = triton.cdiv(n_head, meta["BLOCK_H"]) + n_kb * (1 if v is None else 2)
     grid = _grid(seq, n_blocks, bsz, meta)
-    _launchable(_split_qkv_kernel)[grid](
+    _launchable(_rotate_qkv_kernel)[grid](
         qkv, q, k, k if v is None else v, cos, sin,
         seq, n_head, n_kv_head, qkv.stride(0), qkv.stride(1), *s_tab,
         INTERLEAVED=interleaved, ROTATE_V=rotate_v, **meta,
@@ -491,7 +491,7 @@ def launch_merge_qkv(
     shared_kv: bool,
     interleaved: bool,
 ) -> None:
-    """Backward of ``launch_split_qkv``: write the ``(B, T, width)`` gradient of the fused input.
+    """Backward of ``launch_rotate_qkv``: write the ``(B, T, width)`` gradient of the fused input.
 
     Arguments:
         dq, dk, dv: gradients ``(B, H, T, D)`` of q, k, v, any strides but a contiguous last dim;

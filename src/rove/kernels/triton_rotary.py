@@ -6,10 +6,10 @@ implementation), and ``register_autograd`` gives each op its backward. A rotatio
 so every backward is a forward of the same kernels with the conjugate flag flipped:
 
 - ``rotate``: backward is ``rotate`` with ``conjugate`` negated;
-- ``unrotate_output`` (``R^-1`` + transpose to ``(B, T, H * D)``): backward views the gradient as
+- ``unrotate`` (``R^-1`` + transpose to ``(B, T, H * D)``): backward views the gradient as
   ``(B, H, T, D)`` and rotates it forward, into the same ``(B, T, H, D)`` storage (SDPA's
   backward then needs no copy of ``dO``);
-- ``split_rotate_qkv``: backward is ``merge_rotate_qkv``, which inverse-rotates dq, dk (and dv)
+- ``rotate_qkv``: backward is ``merge_rotate_qkv``, which inverse-rotates dq, dk (and dv)
   into one ``(B, T, width)`` gradient; the two are each other's adjoint, so double backward works.
   The op writes v only when it is rotated and not shared (RoVE): unrotated values (RoPE) are
   views of the projection, never copied, and ``_SplitValueView`` routes their gradient into the
@@ -27,20 +27,20 @@ from torch.library import triton_op
 
 from rove.kernels.torch_rotary import (
     empty_like_layout,
+    rotate_qkv_torch,
     rotate_torch,
-    split_rotate_qkv_torch,
-    unrotate_output_torch,
+    unrotate_torch,
     value_heads,
 )
 from rove.kernels.triton_kernels import (
     launch_merge_qkv,
     launch_rotate,
-    launch_split_qkv,
+    launch_rotate_qkv,
     qkv_head_dim,
 )
 from rove.rotation import Convention, check_convention
 
-__all__ = ["rotate_triton", "split_rotate_qkv_triton", "unrotate_output_triton"]
+__all__ = ["rotate_qkv_triton", "rotate_triton", "unrotate_triton"]
 
 
 def _check_4d(name: str, x: torch.Tensor) -> None:
@@ -58,8 +58,8 @@ def _rotate(
     return out
 
 
-@triton_op("rove::unrotate_output", mutates_args=())
-def _unrotate_output(
+@triton_op("rove::unrotate", mutates_args=())
+def _unrotate(
     o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
 ) -> torch.Tensor:
     _check_4d("o", o)
@@ -69,8 +69,8 @@ def _unrotate_output(
     return out
 
 
-@triton_op("rove::split_rotate_qkv", mutates_args=())
-def _split_rotate_qkv(
+@triton_op("rove::rotate_qkv", mutates_args=())
+def _rotate_qkv(
     qkv: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -90,7 +90,7 @@ def _split_rotate_qkv(
     v = None
     if rotate_v and not shared_kv:
         v = qkv.new_empty((bsz, seq, n_kv_head, head_dim)).transpose(1, 2)
-    launch_split_qkv(
+    launch_rotate_qkv(
         qkv, q, k, v, cos, sin, rotate_v=rotate_v, shared_kv=shared_kv, interleaved=interleaved
     )
     # outputs may not alias each other or inputs: v = k or v = a view of qkv happens outside
@@ -136,24 +136,24 @@ def _rotate_backward(ctx, grad: torch.Tensor):
     return _rotate(grad, cos, sin, ctx.interleaved, not ctx.conjugate), None, None, None, None
 
 
-def _setup_unrotate_output(ctx, inputs, output) -> None:
+def _setup_unrotate(ctx, inputs, output) -> None:
     o, cos, sin, ctx.interleaved = inputs
     ctx.heads = o.shape[1], o.shape[3]  # (H, D)
     ctx.save_for_backward(cos, sin)
 
 
-def _unrotate_output_backward(ctx, grad: torch.Tensor):
+def _unrotate_backward(ctx, grad: torch.Tensor):
     cos, sin = ctx.saved_tensors
     grad_heads = grad.unflatten(2, ctx.heads).transpose(1, 2)  # (B, T, H * D) -> (B, H, T, D) view
     return _rotate(grad_heads, cos, sin, ctx.interleaved, False), None, None, None
 
 
-def _setup_split(ctx, inputs, output) -> None:
+def _setup_rotate_qkv(ctx, inputs, output) -> None:
     _, cos, sin, _, _, *ctx.flags = inputs  # flags: rotate_v, shared_kv, interleaved
     ctx.save_for_backward(cos, sin)
 
 
-def _split_backward(ctx, grads: list[torch.Tensor]):
+def _rotate_qkv_backward(ctx, grads: list[torch.Tensor]):
     cos, sin = ctx.saved_tensors
     rotate_v, shared_kv, _ = ctx.flags
     dv = grads[2] if len(grads) == 3 else None
@@ -172,7 +172,7 @@ def _setup_merge(ctx, inputs, output) -> None:
 def _merge_backward(ctx, grad: torch.Tensor):
     cos, sin = ctx.saved_tensors
     rotate_v, shared_kv, _ = ctx.flags
-    outs = _split_rotate_qkv(grad, cos, sin, *ctx.heads, *ctx.flags)
+    outs = _rotate_qkv(grad, cos, sin, *ctx.heads, *ctx.flags)
     if len(outs) == 3 or (rotate_v and shared_kv):
         dv = outs[2] if len(outs) == 3 else None
     else:  # dv entered unrotated
@@ -191,7 +191,7 @@ class _SplitValueView(torch.autograd.Function):
     def forward(ctx, qkv, cos, sin, n_head, n_kv_head, shared_kv, interleaved):
         ctx.flags = False, shared_kv, interleaved
         ctx.save_for_backward(cos, sin)
-        q, k = _split_rotate_qkv(qkv, cos, sin, n_head, n_kv_head, *ctx.flags)
+        q, k = _rotate_qkv(qkv, cos, sin, n_head, n_kv_head, *ctx.flags)
         return q, k, value_heads(qkv, n_head, n_kv_head, shared_kv)
 
     @staticmethod
@@ -202,8 +202,8 @@ class _SplitValueView(torch.autograd.Function):
 
 
 _rotate.register_autograd(_rotate_backward, setup_context=_setup_rotate)
-_unrotate_output.register_autograd(_unrotate_output_backward, setup_context=_setup_unrotate_output)
-_split_rotate_qkv.register_autograd(_split_backward, setup_context=_setup_split)
+_unrotate.register_autograd(_unrotate_backward, setup_context=_setup_unrotate)
+_rotate_qkv.register_autograd(_rotate_qkv_backward, setup_context=_setup_rotate_qkv)
 _merge_rotate_qkv.register_autograd(_merge_backward, setup_context=_setup_merge)
 
 
@@ -228,7 +228,7 @@ def rotate_triton(
     return out.view(x.shape)
 
 
-def split_rotate_qkv_triton(
+def rotate_qkv_triton(
     qkv: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -242,12 +242,12 @@ def split_rotate_qkv_triton(
     """Fused projection ``(B, T, width)`` -> rotated q, k, v: ``(B, H, T, D)`` views of
     ``(B, T, H, D)`` tensors (what FlashAttention reads, so SDPA copies nothing).
 
-    Layout as in ``split_rotate_qkv_torch``; ``qkv`` needs a contiguous last dim. With
+    Layout as in ``rotate_qkv_torch``; ``qkv`` needs a contiguous last dim. With
     ``shared_kv and rotate_v`` v is k (the same tensor); unrotated values are views of ``qkv``.
     """
     check_convention(convention)
     if qkv.dtype == torch.float64:
-        return split_rotate_qkv_torch(
+        return rotate_qkv_torch(
             qkv,
             cos,
             sin,
@@ -260,16 +260,16 @@ def split_rotate_qkv_triton(
     cos, sin, interleaved = cos.detach(), sin.detach(), convention == "interleaved"
     if not rotate_v:
         return _SplitValueView.apply(qkv, cos, sin, n_head, n_kv_head, shared_kv, interleaved)
-    outs = _split_rotate_qkv(qkv, cos, sin, n_head, n_kv_head, rotate_v, shared_kv, interleaved)
+    outs = _rotate_qkv(qkv, cos, sin, n_head, n_kv_head, rotate_v, shared_kv, interleaved)
     q, k = outs[0], outs[1]
     return q, k, outs[2] if len(outs) == 3 else k
 
 
-def unrotate_output_triton(
+def unrotate_triton(
     o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, convention: Convention = "half"
 ) -> torch.Tensor:
     """RoVE's output step: ``R_(-i)`` on ``o`` ``(B, H, T, D)`` (any strides) -> ``(B, T, H * D)``."""
     check_convention(convention)
     if o.dtype == torch.float64:
-        return unrotate_output_torch(o, cos, sin, convention=convention)
-    return _unrotate_output(o, cos.detach(), sin.detach(), convention == "interleaved")
+        return unrotate_torch(o, cos, sin, convention=convention)
+    return _unrotate(o, cos.detach(), sin.detach(), convention == "interleaved")
