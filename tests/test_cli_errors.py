@@ -31,7 +31,7 @@ def test_eval_of_a_missing_folder_names_it_and_creates_nothing(tmp_path, capsys)
 
 def test_eval_with_an_unknown_scaling(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:  # argparse's choices, from SCHEDULES
-        rove(["eval", str(tmp_path), "--scalings", "foo", "--no-progress"])
+        rove(["eval", str(tmp_path), "--ppl-scalings", "foo", "--no-progress"])
     assert exit_.value.code == 2
     _one_error_line(capsys, "rove eval", "invalid choice: 'foo'", "yarn")
 

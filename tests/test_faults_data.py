@@ -454,7 +454,7 @@ def test_eval_from_another_directory_and_on_changed_data(nano_run, tmp_path, mon
         assert eval_main(argv) == 2
         assert "--data-dir" in capsys.readouterr().err
         assert eval_main([*argv, "--data-dir", str(copy), "--ppl-lengths", "32",
-                          "--ppl-tokens", "64", "--scalings"]) == 0  # fmt: skip
+                          "--ppl-tokens", "64", "--ppl-scalings", "none"]) == 0  # fmt: skip
         assert json.loads(out.read_text())["data"]["dir"] == str(copy.resolve())
     finally:
         (data / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -83,12 +83,26 @@ def test_sampling_is_seeded_and_yarn_applies(run_dir, tmp_path, capsys):
     kwargs = dict(max_tokens=30, temperature=1.0, top_k=50, top_p=0.9, seed=3)
     first = generate_text(run, "ab", **kwargs)
     assert first == generate_text(run, "ab", **kwargs)
-    long = generate_text(run, "x" * 40, max_tokens=8, temperature=0, yarn_factor=4.0)
-    assert long != generate_text(run, "x" * 40, max_tokens=8, temperature=0)  # 48 > 16 tokens
+    greedy = dict(max_tokens=8, temperature=0)
+    long = generate_text(run, "x" * 40, scaling="yarn", scaling_factor=4.0, **greedy)
+    assert long != generate_text(run, "x" * 40, **greedy)  # 48 > 16 tokens
     assert main([str(run), "--prompt", "ab", "--max-tokens", "5", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.strip() == generate_text(run, "ab", max_tokens=5, temperature=0)
-    assert main([str(run), "--prompt", "ab", "--yarn-factor", "0.5"]) == 2
-    assert "yarn_factor must be > 1" in capsys.readouterr().err
+    flags = ["--max-tokens", "8", "--temperature", "0"]
+    assert main([str(run), "--prompt", "x" * 40, *flags, "--scaling", "yarn",
+                 "--scaling-factor", "4"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    assert captured.out.strip() == long.strip() and "deprecated" not in captured.err
+    # the old spelling: the same sample, and one line naming the new one
+    assert main([str(run), "--prompt", "x" * 40, *flags, "--yarn-factor", "4"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == long.strip()
+    assert "rove generate: --yarn-factor is deprecated and will be removed; use --scaling yarn " \
+        "--scaling-factor F" in captured.err  # fmt: skip
+    assert main([str(run), "--prompt", "ab", "--scaling", "ntk", "--scaling-factor", "0.5"]) == 2
+    assert "scaling_factor must be > 1" in capsys.readouterr().err
+    assert main([str(run), "--prompt", "ab", "--scaling", "ntk"]) == 2
+    assert "--scaling KIND and --scaling-factor F go together" in capsys.readouterr().err
     assert main([str(tmp_path / "missing"), "--prompt", "ab"]) == 2
 
 

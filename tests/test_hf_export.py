@@ -198,8 +198,9 @@ def test_export_writes_the_runs_hf_bpe_tokenizer(tmp_path):
 def test_export_cli_from_run_folder(tmp_path, capsys):
     model, byte = random_gpt("rove"), get_tokenizer("byte")
     save_byte_run(tmp_path / "run", model, step=3)
-    assert main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
-    assert "exported" in capsys.readouterr().out
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert "exported" in captured.out and "deprecated" not in captured.err
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True)
     tok = AutoTokenizer.from_pretrained(tmp_path / "out")
     ids = tok("abc", return_tensors="pt")["input_ids"]
@@ -214,7 +215,22 @@ def test_export_cli_from_run_folder(tmp_path, capsys):
     assert int(hf(ids).logits[0, -1].argmax()) >= 257
     out = hf.generate(ids, max_new_tokens=10, do_sample=False)
     assert out.max() < 257
-    assert main([str(tmp_path / "missing"), str(tmp_path / "o2")]) == 2
+    assert main([str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
     assert "rove export: error" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main([str(tmp_path / "run"), str(tmp_path / "o3"), "--max-positions", "0"])
+        main([str(tmp_path / "run"), "--out", str(tmp_path / "o3"), "--max-positions", "0"])
+
+
+def test_export_cli_reads_the_old_positional_output_with_a_deprecation_line(tmp_path, capsys):
+    save_byte_run(tmp_path / "run", random_gpt("rove"), step=3)
+    assert main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "rove export: the positional OUT is deprecated" in err and "use --out DIR" in err
+    assert (tmp_path / "out" / "config.json").is_file()
+    for twice in ([str(tmp_path / "run")], [str(tmp_path / "run"), "a", "--out", "b"]):
+        with pytest.raises(SystemExit):
+            main(twice)
+        assert "give the output folder once, as --out DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "--out DIR" in capsys.readouterr().out

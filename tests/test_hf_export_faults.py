@@ -18,8 +18,8 @@ from run_folders import save_byte_run
 from test_hf_export import random_gpt
 
 
-def export_cli(capsys, *args: object) -> tuple[int, str]:
-    code = main([str(a) for a in args])
+def export_cli(capsys, run: object, out: object) -> tuple[int, str]:
+    code = main([str(run), "--out", str(out)])
     return code, capsys.readouterr().err
 
 
@@ -77,7 +77,7 @@ def test_file_size_limit_leaves_nothing_half_written(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (50 * 1024, resource.RLIM_INFINITY))
 
     proc = subprocess.run(
-        [sys.executable, "-m", "rove.cli", "export", str(run), str(out)],
+        [sys.executable, "-m", "rove.cli", "export", str(run), "--out", str(out)],
         capture_output=True,
         text=True,
         preexec_fn=limit,

@@ -158,14 +158,25 @@ def test_export_in_stock_lm_eval_cli(task_dir, tmp_path):
     assert "exact_match,none" in results["rove_t_gen"]
 
 
-def test_rove_lm_model_args(tmp_path):
+def test_rove_lm_model_args(tmp_path, capsys):
     from rove.eval.lm_eval_model import RoveLM
 
     model, byte = random_gpt("rope"), get_tokenizer("byte")
-    lm = RoveLM(model=model, tokenizer=byte, max_length="64", rope_scaling="yarn")
-    assert lm.max_length == 64
+    lm = RoveLM(model=model, tokenizer=byte, max_length="64", scaling="yarn")
+    assert lm.max_length == 64 and "deprecated" not in capsys.readouterr().err
     scaling = {"type": "yarn", "factor": 4.0, "original_max_position": 16}
     assert model.rotary.scaling is not None and model.rotary.scaling.to_dict() == scaling
+    # the old spellings: the same scaling, one line each naming the new argument
+    old = RoveLM(model=random_gpt("rope"), tokenizer=byte, rope_scaling="ntk", rope_factor="3")
+    assert old.adapter.model.rotary.scaling.to_dict()["type"] == "ntk"
+    assert old.adapter.model.rotary.scaling.to_dict()["factor"] == 3.0
+    err = capsys.readouterr().err
+    assert "model argument rope_scaling is deprecated and will be removed; use scaling" in err
+    assert "model argument rope_factor is deprecated and will be removed; use scaling_factor" in err
+    plain = RoveLM(model=random_gpt("rope"), tokenizer=byte, scaling="none")
+    assert plain.adapter.model.rotary.scaling is None
+    with pytest.raises(ValueError, match="give scaling once"):
+        RoveLM(model=random_gpt("rope"), tokenizer=byte, scaling="yarn", rope_scaling="yarn")
     (ll,) = lm.adapter.loglikelihood_rolling_texts(["abc" * 30])  # 91 tokens in 2 windows
     assert math.isfinite(ll)
     with pytest.raises(ValueError, match="learned position table"):
@@ -175,7 +186,7 @@ def test_rove_lm_model_args(tmp_path):
     with pytest.raises(ValueError, match="pretrained=RUN_DIR"):
         RoveLM()
     with pytest.raises(ValueError, match="unknown rope scaling"):
-        RoveLM(model=random_gpt("rope"), tokenizer=byte, rope_scaling="bogus")
+        RoveLM(model=random_gpt("rope"), tokenizer=byte, scaling="bogus")
 
 
 @pytest.mark.slow
@@ -184,7 +195,7 @@ def test_rove_lm_eval_console_entry_in_subprocess(task_dir, tmp_path):
     model, byte = random_gpt("rope"), get_tokenizer("byte")
     run = save_byte_run(tmp_path / "run", model)
     args = ["-m", "rove.cli", "lm-eval", "--model", "rove", "--tasks", "rove_t_ppl"]
-    args += ["--model_args", f"pretrained={run},max_length=32,rope_scaling=yarn"]
+    args += ["--model_args", f"pretrained={run},max_length=32,scaling=yarn"]
     results = run_cli([*args, "--include_path", str(task_dir)], tmp_path / "out")
     with model.rope_scaling("yarn", 2.0):
         adapter = RoveLMAdapter(model, byte, max_length=32)

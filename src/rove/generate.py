@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 
 from rove.precision import resolve_device
-from rove.terminal import USER_ERRORS, DefaultsFormatter, command, signature_defaults
+from rove.rotary import SCALING_KINDS
+from rove.terminal import (
+    USER_ERRORS,
+    DefaultsFormatter,
+    DeprecatedFlag,
+    command,
+    signature_defaults,
+)
 
 if TYPE_CHECKING:
     from rove.kv_cache import KVCache
@@ -217,7 +224,8 @@ def generate_samples(
     temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
-    yarn_factor: float | None = None,
+    scaling: str | None = None,
+    scaling_factor: float | None = None,
     seed: int | None = None,
     device: str = "cpu",
     num_samples: int = 1,
@@ -227,24 +235,29 @@ def generate_samples(
 
     Unset settings are the folder's defaults (see :class:`Sampling`). Text is written to ``out``
     (when given) as it is decoded, the samples separated by ``SAMPLE_SEPARATOR``.
-    ``yarn_factor`` (> 1) applies YaRN relative to the training context (run folders of rotary
-    models). Everything is checked before the model loads.
+    ``scaling`` (a kind of ``rove.rotary.SCALING_KINDS``) with ``scaling_factor`` (> 1) extends
+    a rotary model's context at inference time, relative to the training length (run folders).
+    Everything is checked before the model loads.
     """
     sampling = Sampling(max_tokens, temperature, top_k, top_p)
-    if yarn_factor is not None and not yarn_factor > 1:
-        raise ValueError(f"yarn_factor must be > 1, got {yarn_factor}")
+    if (scaling is None) != (scaling_factor is None):
+        raise ValueError("--scaling KIND and --scaling-factor F go together")
+    if scaling is not None and scaling not in SCALING_KINDS:
+        raise ValueError(f"unknown scaling {scaling!r}; choose from {', '.join(SCALING_KINDS)}")
+    if scaling_factor is not None and not scaling_factor > 1:
+        raise ValueError(f"scaling_factor must be > 1, got {scaling_factor}")
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     dev = usable_device(device)
     folder = Path(path)
     if hf_export_type(folder) is not None:
-        if yarn_factor is not None:
+        if scaling is not None:
             raise ValueError(
-                "--yarn-factor needs a run folder; an export's config.json fixes its "
-                "position encoding"
+                "--scaling needs a run folder; an export's config.json fixes its position encoding"
             )
         return _export_samples(folder, prompt, sampling, seed, dev, num_samples, out)
-    return _run_samples(folder, prompt, sampling, yarn_factor, seed, dev, num_samples, out)
+    scaled = None if scaling is None or scaling_factor is None else (scaling, scaling_factor)
+    return _run_samples(folder, prompt, sampling, scaled, seed, dev, num_samples, out)
 
 
 def _separate(out: TextIO | None, i: int) -> None:
@@ -256,7 +269,7 @@ def _run_samples(
     folder: Path,
     prompt: str,
     sampling: Sampling,
-    yarn_factor: float | None,
+    scaled: tuple[str, float] | None,
     seed: int | None,
     device: torch.device,
     num_samples: int,
@@ -274,8 +287,8 @@ def _run_samples(
             f"the prompt ({len(ids)} tokens with the start token) and {max_tokens} new tokens "
             f"exceed this model's {model.config.block_size} learned positions; lower --max-tokens"
         )
-    if yarn_factor is not None and model.rotary is None:
-        raise ValueError(f"--yarn-factor needs a rotary model; this one is {model.config.pos}")
+    if scaled is not None and model.rotary is None:
+        raise ValueError(f"--scaling needs a rotary model; this one is {model.config.pos}")
     generator = torch.Generator(device=device)
     if seed is not None:
         generator.manual_seed(seed)
@@ -287,7 +300,7 @@ def _run_samples(
     texts = []
     with (
         torch.inference_mode(),
-        model.rope_scaling("yarn" if yarn_factor else None, yarn_factor or 1.0),
+        model.rope_scaling(*(scaled or (None, 1.0))),
     ):
         for i in range(num_samples):
             _separate(out, i)
@@ -424,11 +437,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, help="sample from the k most likely")
     parser.add_argument("--top-p", type=float, help="sample from the top-p probability nucleus")
     parser.add_argument(
-        "--yarn-factor",
-        type=float,
-        default=None,
-        help="YaRN context extension factor over the training length (run folders)",
+        "--scaling",
+        choices=SCALING_KINDS,
+        metavar="KIND",
+        help=f"inference-time scaling of a rotary run folder: {', '.join(SCALING_KINDS)}",
     )
+    parser.add_argument(
+        "--scaling-factor", type=float, metavar="F", help="context extension over training length"
+    )
+    parser.add_argument(
+        "--yarn-factor", type=float, action=DeprecatedFlag, replacement="--scaling yarn "
+        "--scaling-factor F",
+    )  # fmt: skip
     parser.add_argument(
         "--num-samples",
         type=int,
@@ -439,6 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     sampling = ("max_tokens", "temperature", "top_k", "top_p", "seed", "num_samples")
     parser.set_defaults(**signature_defaults(generate_samples, *sampling))
     args = parser.parse_args(argv)
+    if args.yarn_factor is not None:
+        if args.scaling is not None or args.scaling_factor is not None:
+            parser.error("--yarn-factor is --scaling yarn --scaling-factor F; give those alone")
+        args.scaling, args.scaling_factor = "yarn", args.yarn_factor
     try:
         generate_samples(
             args.path,
@@ -447,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
-            yarn_factor=args.yarn_factor,
+            scaling=args.scaling,
+            scaling_factor=args.scaling_factor,
             seed=args.seed,
             device=resolve_device(args.device),
             num_samples=args.num_samples,

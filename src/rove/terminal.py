@@ -189,7 +189,8 @@ class DefaultsFormatter(argparse.HelpFormatter):
 class DeprecatedFlag(argparse.Action):
     """An old spelling of a flag (``add_argument("--old", dest=..., action=DeprecatedFlag,
     replacement="--new")``): stores its value like the new flag and prints one line saying
-    which flag to use instead. Hidden from ``--help``."""
+    which flag to use instead. Hidden from ``--help``. An optional positional (``nargs="?"``)
+    works too: argparse calls its action even when it is absent, which prints nothing."""
 
     def __init__(self, option_strings: list[str], dest: str, replacement: str, **kw: Any) -> None:
         super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kw)
@@ -202,9 +203,11 @@ class DeprecatedFlag(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
+        if option_string is None and values is self.default:
+            return  # an optional positional that was not given
+        old = option_string or f"the positional {self.metavar or self.dest.upper()}"
         print(
-            f"{parser.prog}: {option_string} is deprecated and will be removed; use "
-            f"{self.replacement}",
+            f"{parser.prog}: {old} is deprecated and will be removed; use {self.replacement}",
             file=sys.stderr,
         )
         setattr(namespace, self.dest, values)

@@ -21,7 +21,7 @@ def make_lm_eval_model(model: LanguageModel, tokenizer: TextCodec, **kwargs: Any
     """An ``lm_eval.api.model.LM`` instance for ``lm_eval.simple_evaluate(model=...)``.
 
     ``kwargs`` go to :class:`rove.eval.lm_eval_model.RoveLM` (batch_size, max_length,
-    max_gen_toks, rope_scaling, rope_factor).
+    max_gen_toks, scaling, scaling_factor).
     """
     try:
         import lm_eval.api.model  # noqa: F401
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             "usage: rove lm-eval [lm-eval run arguments]\n\n"
             "lm-eval's own CLI, with the `rove` and `hf-rove` model types registered:\n"
             "  rove lm-eval --model rove --model_args pretrained=RUN_DIR[,max_length=N,"
-            "rope_scaling=yarn] --tasks TASKS\n"
+            "scaling=yarn] --tasks TASKS\n"
             "  rove lm-eval --model hf-rove --model_args pretrained=HF_FOLDER[,pos=rove|rope,"
             "<hf arguments>] --tasks TASKS\n"
             "    (a folder saved after rove.hf.convert loads as RoVE; pos= converts any other)\n"

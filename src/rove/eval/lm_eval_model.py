@@ -8,8 +8,9 @@ own CLI). Model arguments (``--model_args k=v,...``):
 - ``pretrained``: run folder or checkpoint folder;
 - ``max_length``: evaluation length in tokens (default: the training ``block_size``); longer
   contexts lose their oldest tokens, longer continuations are scored in pieces;
-- ``rope_scaling`` (``yarn``, ``ntk``, ``linear``, ``dynamic-ntk``) with ``rope_factor``
-  (default ``max_length / block_size``): inference-time frequency scaling of a rotary model;
+- ``scaling`` (a kind of ``rove.rotary.SCALING_KINDS``, ``none`` = plain) with
+  ``scaling_factor`` (default ``max_length / block_size``): inference-time frequency scaling of a
+  rotary model (were ``rope_scaling`` / ``rope_factor``, still read with a deprecation line);
 - ``max_gen_toks`` (default 256); ``batch_size``, ``device`` and ``dtype`` (float32, bfloat16,
   float16).
 
@@ -24,6 +25,7 @@ time, e.g. a stock RoPE model to measure what RoVE does to it before any trainin
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from typing import Any
 
@@ -60,6 +62,20 @@ def _device(device: str | None) -> str:
     return device or "cpu"
 
 
+def _renamed(old: str, old_value: Any, new: str, new_value: Any) -> Any:
+    """The value of model argument ``new``, or of its old spelling ``old`` with one line
+    saying so (the old spellings are read for one minor version)."""
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise ValueError(f"give {new} once (the deprecated {old} is the same argument)")
+    print(
+        f"rove lm-eval: model argument {old} is deprecated and will be removed; use {new}",
+        file=sys.stderr,
+    )
+    return old_value
+
+
 @register_model("rove")
 class RoveLM(LM):
     """A rove model (from ``pretrained`` or given in memory) as an lm-eval ``LM``."""
@@ -76,6 +92,8 @@ class RoveLM(LM):
         dtype: str = "float32",
         max_length: int | str | None = None,
         max_gen_toks: int | str = 256,
+        scaling: str | None = None,
+        scaling_factor: float | str | None = None,
         rope_scaling: str | None = None,
         rope_factor: float | str | None = None,
     ) -> None:
@@ -101,11 +119,13 @@ class RoveLM(LM):
             raise ValueError(
                 f"max_length {length} is beyond the learned position table ({block} positions)"
             )
+        scaling = _renamed("rope_scaling", rope_scaling, "scaling", scaling)
+        scaling_factor = _renamed("rope_factor", rope_factor, "scaling_factor", scaling_factor)
         self._scaling = contextlib.ExitStack()
-        if rope_scaling is not None:
-            factor = max(1.0, length / block) if rope_factor is None else float(rope_factor)
+        if scaling is not None and scaling != "none":
+            factor = max(1.0, length / block) if scaling_factor is None else float(scaling_factor)
             # held for the lifetime of this LM object: every request sees the scaled model
-            self._scaling.enter_context(model.rope_scaling(rope_scaling, factor))
+            self._scaling.enter_context(model.rope_scaling(scaling, factor))
         self.adapter = RoveLMAdapter(
             model,
             tokenizer,

@@ -46,6 +46,7 @@ from rove.precision import resolve_device
 from rove.rotary import SCALING_KINDS
 from rove.terminal import (
     DefaultsFormatter,
+    DeprecatedFlag,
     command,
     config_defaults,
     config_from_args,
@@ -74,8 +75,9 @@ DEFAULT_RULER_TASKS = (
 )
 
 
-# what --ruler-scalings (and a JSON config) may name: the plain token, then every kind
-_RULER_SCALING_NAMES = tuple(scaling_key(kind) for kind in (None, *SCALING_KINDS))
+# what --ppl-scalings / --ruler-scalings (and a JSON config) may name: the plain token, then
+# every kind; perplexity always scores plain, so there "none" adds nothing ("none" alone: plain only)
+_SCALING_NAMES = tuple(scaling_key(kind) for kind in (None, *SCALING_KINDS))
 
 # held-out text given with --data is tokenized up to this many tokens (far more than the
 # evaluations read), so `--data stdlib` or a large folder does not tokenize everything
@@ -132,14 +134,15 @@ class EvalConfig:
         unknown = sorted(set(self.icl_tasks) - set(ICL_TASKS))
         if unknown:
             raise ValueError(f"unknown ICL task(s) {unknown}; choose from {sorted(ICL_TASKS)}")
-        bad = sorted(set(self.scalings) - set(SCALING_KINDS))
+        bad = sorted(set(self.scalings) - set(_SCALING_NAMES))
         if bad:
-            raise ValueError(f"unknown scaling(s) {bad}; choose from {', '.join(SCALING_KINDS)}")
+            raise ValueError(f"unknown scaling(s) {bad}; choose from {', '.join(_SCALING_NAMES)}")
+        self.scalings = [k for k in self.scalings if scaling_kind(k) is not None]
         self.ruler_scalings = [k if k is None else scaling_kind(k) for k in self.ruler_scalings]
         bad = [k for k in self.ruler_scalings if k is not None and k not in SCALING_KINDS]
         if bad:
             raise ValueError(
-                f"unknown RULER scaling(s) {bad}; choose from {', '.join(_RULER_SCALING_NAMES)}"
+                f"unknown RULER scaling(s) {bad}; choose from {', '.join(_SCALING_NAMES)}"
             )
 
         if self.core_tasks is not None and not self.core_bundle:
@@ -448,8 +451,13 @@ def _parser() -> argparse.ArgumentParser:
         "--ppl-multiples", type=float, nargs="+", help="lengths as multiples of the training length"
     )
     g.add_argument(
-        "--scalings", nargs="*", choices=SCALING_KINDS, metavar="KIND",
-        help=f"also evaluated beyond the training length: {', '.join(SCALING_KINDS)}",
+        "--ppl-scalings", dest="scalings", nargs="+", choices=_SCALING_NAMES, metavar="KIND",
+        help=f"inference-time scalings also scored: {', '.join(_SCALING_NAMES)} (plain always "
+        f"is; {scaling_key(None)} alone = plain only)",
+    )  # fmt: skip
+    g.add_argument(
+        "--scalings", dest="scalings", nargs="*", choices=_SCALING_NAMES,
+        action=DeprecatedFlag, replacement="--ppl-scalings",
     )  # fmt: skip
     g.add_argument("--ppl-tokens", type=int, help="scored tokens per length")
     g.add_argument(
@@ -464,8 +472,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--ruler-multiples", type=float, nargs="+", help="x train len")
     g.add_argument("--ruler-samples", type=int, help="samples per task and length")
     g.add_argument(
-        "--ruler-scalings", nargs="+", choices=_RULER_SCALING_NAMES, metavar="KIND",
-        help=f"inference-time scalings RULER runs under: {', '.join(_RULER_SCALING_NAMES)} "
+        "--ruler-scalings", nargs="+", choices=_SCALING_NAMES, metavar="KIND",
+        help=f"inference-time scalings RULER runs under: {', '.join(_SCALING_NAMES)} "
         f"({scaling_key(None)} = plain) (default: "
         f"{' '.join(map(scaling_key, config_defaults(EvalConfig)['ruler_scalings']))})",
     )  # fmt: skip

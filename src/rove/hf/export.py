@@ -36,7 +36,7 @@ from rove.atomic import check_replaceable, fsync_dir, swap_in, write_json_atomic
 from rove.lock import lock_folder
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
-from rove.terminal import DefaultsFormatter, command, signature_defaults
+from rove.terminal import DefaultsFormatter, DeprecatedFlag, command, signature_defaults
 
 __all__ = ["export_model", "export_run", "load_exported", "main"]
 
@@ -370,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=DefaultsFormatter,
     )
     parser.add_argument("run_dir", help="run folder or checkpoint folder")
-    parser.add_argument("out_dir", help="output folder")
+    parser.add_argument("--out", metavar="DIR", help="output folder (required)")
+    parser.add_argument(
+        "out_dir", nargs="?", action=DeprecatedFlag, replacement="--out DIR", metavar="OUT"
+    )
     parser.add_argument(
         "--remote-code",
         action="store_true",
@@ -383,10 +386,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.set_defaults(**signature_defaults(export_run, "remote_code", "max_positions"))
     args = parser.parse_args(argv)
+    if (args.out is None) == (args.out_dir is None):
+        parser.error("give the output folder once, as --out DIR")
     if args.max_positions is not None and args.max_positions < 1:
         parser.error(f"--max-positions must be >= 1, got {args.max_positions}")
     out = export_run(
-        args.run_dir, args.out_dir, remote_code=args.remote_code, max_positions=args.max_positions
+        args.run_dir,
+        args.out or args.out_dir,
+        remote_code=args.remote_code,
+        max_positions=args.max_positions,
     )
     print(f"exported {args.run_dir} -> {out}")
     return 0
