@@ -191,11 +191,18 @@ def position_tables(
         seq_len: int | None = max(known)
     else:
         seq_len = rotary.dynamic_length(*(p.tensor for p in positions))  # None unless dynamic NTK
-    made: dict[int, Tables] = {}
+    # identity, not id(): torch 2.11's dynamo cannot trace id() of a tensor made in the graph
+    made: list[tuple[torch.Tensor, Tables]] = []
+    out = []
     for p in positions:
-        if id(p.tensor) not in made:
-            made[id(p.tensor)] = rotary.tables(p.tensor, table_dtype(dtype), seq_len=seq_len)
-    return tuple(made[id(p.tensor)] for p in positions)
+        for tensor, tables in made:
+            if tensor is p.tensor:
+                break
+        else:
+            tables = rotary.tables(p.tensor, table_dtype(dtype), seq_len=seq_len)
+            made.append((p.tensor, tables))
+        out.append(tables)
+    return tuple(out)
 
 
 # ---- step 3: the packing mask ----
