@@ -195,13 +195,14 @@ def position_tables(
     made: list[tuple[torch.Tensor, Tables]] = []
     out = []
     for p in positions:
+        found = None
         for tensor, tables in made:
             if tensor is p.tensor:
-                break
-        else:
-            tables = rotary.tables(p.tensor, table_dtype(dtype), seq_len=seq_len)
-            made.append((p.tensor, tables))
-        out.append(tables)
+                found = tables
+        if found is None:
+            found = rotary.tables(p.tensor, table_dtype(dtype), seq_len=seq_len)
+            made.append((p.tensor, found))
+        out.append(found)
     return tuple(out)
 
 
