@@ -187,6 +187,22 @@ def test_learned_positions_refuse_a_budget_past_the_table(tmp_path, capsys):
     assert "1000000000 new tokens exceed this model's 16 learned positions" in err
 
 
+def test_a_learned_export_refuses_a_budget_past_its_table(tmp_path, capsys):
+    """``rove generate EXPORT`` of a learned (or NoPE) export, a GPT2LMHeadModel with
+    ``n_positions`` rows: the default 200 new tokens past the table were an IndexError traceback
+    from HF's ``generate``; now the run folder's one-line error."""
+    pytest.importorskip("transformers")
+    from rove.hf.export import export_run
+
+    cfg = GPTConfig(vocab_size=257, block_size=16, n_layer=1, n_head=2, n_embd=16, pos="learned")
+    export = export_run(save_byte_run(tmp_path / "run", GPT(cfg).eval()), tmp_path / "export")
+    assert main([str(export), "--prompt", "ab", "--temperature", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("rove generate: error:")
+    assert "200 new tokens exceed this model's 16 positions" in err
+    assert main([str(export), "--prompt", "ab", "--max-tokens", "13"]) == 0  # 3 + 13 = 16 fit
+
+
 def test_num_samples_and_prompts_from_a_file_or_stdin(run_dir, tmp_path, capsys, monkeypatch):
     run, _ = run_dir
     sample = ["--max-tokens", "6", "--temperature", "1", "--seed", "5"]

@@ -40,6 +40,28 @@ def test_dry_run_output_replays_exactly_and_flags_override_it(
     assert dry_run(capsys, "--config", str(fields))["train"]["lr"] == 0.002
 
 
+def test_a_replayed_recipe_names_its_run_after_the_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The README's ``rove train --config runs/nano-rove-seed0/recipe.json --seed 1``: the
+    stored run_name was derived from preset, pos and seed, so it is derived again (a new run,
+    not "runs/nano-rove-seed0 already holds a run"); a name chosen by hand is kept."""
+    first = dry_run(capsys, "--preset", "nano", "--pos", "rove")
+    assert first["train"]["run_name"] == "nano-rove-seed0"
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(first))
+    assert dry_run(capsys, "--config", str(path))["train"]["run_name"] == "nano-rove-seed0"
+    assert dry_run(capsys, "--config", str(path), "--seed", "1")["train"]["run_name"] == (
+        "nano-rove-seed1"
+    )
+    assert dry_run(capsys, "--config", str(path), "--pos", "rope")["train"]["run_name"] == (
+        "nano-rope-seed0"
+    )
+    named = tmp_path / "named.json"
+    named.write_text(json.dumps({"train": {**first["train"], "run_name": "mine"}}))
+    assert dry_run(capsys, "--config", str(named), "--seed", "1")["train"]["run_name"] == "mine"
+
+
 @pytest.fixture(scope="module")
 def nano_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("recipe")

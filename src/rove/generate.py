@@ -337,6 +337,14 @@ def _export_samples(
     settings: dict[str, Any] = {
         "max_new_tokens": sampling.max_tokens or config.max_new_tokens or DEFAULT_MAX_TOKENS
     }
+    # a learned or NoPE export is a GPT2LMHeadModel: a table of n_positions rows, no further
+    positions = getattr(model.config, "n_positions", None)
+    if positions is not None and ids.shape[1] + settings["max_new_tokens"] > positions:
+        raise ValueError(
+            f"the prompt ({ids.shape[1]} tokens with the start token) and "
+            f"{settings['max_new_tokens']} new tokens exceed this model's {positions} positions; "
+            "lower --max-tokens"
+        )
     if sampling.temperature is not None:
         settings["do_sample"] = sampling.temperature > 0
         if sampling.temperature > 0:

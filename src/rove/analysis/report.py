@@ -325,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--seq-len", type=int, help="tokens analysed")
     what.add_argument("--channels", type=int, help="channels per token in the figures")
     what.add_argument("--seed", type=int, help="seed of the random model and tokens")
-    parser.add_argument("--out", default="analysis", help="output folder for report.md and PNGs")
+    parser.add_argument(
+        "--out", default="runs/analysis", help="output folder for report.md and PNGs"
+    )
     parser.set_defaults(
         **signature_defaults(random_model, "pos", "preset"),
         **signature_defaults(analyze, "layer", "head", "text", "seq_len", "channels", "seed"),

@@ -183,6 +183,11 @@ def read_config(path: str) -> dict:
         TrainConfig.from_dict(data)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+    # a run_name that resolve() derived from preset, pos and seed is derived again, so a replay
+    # with another --seed or --pos is a new run, not the stored run's folder
+    derived = f"{data.get('preset')}-{data.get('pos')}-seed{data.get('seed')}"
+    if data.get("run_name") == derived:
+        data = {**data, "run_name": None}
     return data
 
 
