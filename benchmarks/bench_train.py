@@ -33,8 +33,7 @@ import harness
 from rove.model import GPT, GPTConfig
 from rove.precision import DTYPES, autocast_dtype, describe_precision
 from rove.train.config import TrainConfig, build_model_config
-from rove.train.distributed import DistInfo
-from rove.train.loop import configure_optimizer, train_step
+from rove.train.loop import step_on_random_batch
 from rove.train.metrics import mfu, peak_bf16_flops
 
 BYTE_VOCAB = 257
@@ -133,48 +132,30 @@ def make_variant(
     *,
     dtype: str = "bf16",
     compile_backend: str = "inductor",
-) -> Callable[[], None]:
-    """One training step of ``name`` (one of ``VARIANTS``); ``cfg.compile`` compiles it."""
+) -> Callable[[], object]:
+    """One training step of ``name`` (one of ``VARIANTS``) in precision ``dtype`` on a fixed
+    random batch; ``cfg.compile`` compiles it."""
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}; choose from {VARIANTS}")
-    cfg = dataclasses.replace(cfg, pos="rope" if name == "reference" else name)
+    cfg = dataclasses.replace(cfg, pos="rope" if name == "reference" else name, dtype=dtype)
     vocab = GPT2_VOCAB if device.type == "cuda" else BYTE_VOCAB
-    model_cfg = build_model_config(cfg, vocab)
+    if name != "reference":
+        return step_on_random_batch(cfg, vocab, device, compile_backend=compile_backend)
     torch.manual_seed(0)
     x = torch.randint(0, vocab, (cfg.micro_batch, cfg.seq_len), device=device)  # (B, T)
     y = torch.roll(x, -1, dims=1)
-    amp = autocast_dtype(dtype, device)
-    if name == "reference":
-        ref = RefGPT(model_cfg).to(device)
-        opt = torch.optim.AdamW(
-            [
-                {"params": [p for p in ref.parameters() if p.dim() >= 2], "weight_decay": 0.1},
-                {"params": [p for p in ref.parameters() if p.dim() < 2], "weight_decay": 0.0},
-            ],
-            lr=1e-4,
-            betas=(0.9, 0.95),
-            fused=device.type == "cuda" or None,
-        )
-        fn = torch.compile(ref, backend=compile_backend) if cfg.compile else ref
-        return reference_step(fn, opt, x, y, amp)
-    model = GPT(model_cfg).to(device)
-    opt = configure_optimizer(model, cfg, device)
-    compiled = torch.compile(model, backend=compile_backend) if cfg.compile else model
-    info = DistInfo(0, 0, 1, device, owns_group=False)
-
-    def step() -> None:
-        train_step(
-            compiled,
-            opt,
-            lambda: (x, y),
-            grad_accum=1,
-            lr=1e-4,
-            grad_clip=1.0,
-            amp=amp,
-            info=info,
-        )
-
-    return step
+    ref = RefGPT(build_model_config(cfg, vocab)).to(device)
+    opt = torch.optim.AdamW(
+        [
+            {"params": [p for p in ref.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in ref.parameters() if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=1e-4,
+        betas=(0.9, 0.95),
+        fused=device.type == "cuda" or None,
+    )
+    fn = torch.compile(ref, backend=compile_backend) if cfg.compile else ref
+    return reference_step(fn, opt, x, y, autocast_dtype(dtype, device))
 
 
 def run(args: argparse.Namespace) -> str:

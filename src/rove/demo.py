@@ -27,13 +27,10 @@ from rove import run_files
 from rove.compare import CompareConfig, config_from_dict, run_and_print
 from rove.data.tokenizers import get_tokenizer
 from rove.eval.suite import EvalConfig
-from rove.model import GPT
-from rove.precision import autocast_dtype, resolve_device
+from rove.precision import resolve_device
 from rove.terminal import DefaultsFormatter, command
 from rove.train import TrainConfig
-from rove.train.config import build_model_config
-from rove.train.distributed import DistInfo
-from rove.train.loop import configure_optimizer, train_step
+from rove.train.loop import step_on_random_batch
 
 __all__ = [
     "DEMO_OUT",
@@ -138,23 +135,10 @@ def probe_tokens_per_second(train: dict[str, Any], *, steps: int = 5, warmup: in
     single steps stalled 10-30x (seen: 0.6k tokens/s probed, 30k trained), and a probe read
     from them would shorten a recipe the machine can afford. A slow machine is slow in every
     step, so the fastest step still tells it apart."""
-    cfg = TrainConfig.from_dict({**train, "pos": "rove"}).resolve()
-    device = torch.device(resolve_device(cfg.device))
+    cfg = TrainConfig.from_dict({**train, "pos": "rove", "compile": False}).resolve()
+    vocab_size = get_tokenizer(cfg.tokenizer).vocab_size
     with torch.random.fork_rng(devices=[]):  # leave the runs' random streams untouched
-        torch.manual_seed(0)
-        model_cfg = build_model_config(cfg, get_tokenizer(cfg.tokenizer).vocab_size)
-        model = GPT(model_cfg).to(device)
-        x = torch.randint(0, model_cfg.vocab_size, (cfg.micro_batch, cfg.seq_len), device=device)
-        y = torch.roll(x, -1, dims=1)
-        opt = configure_optimizer(model, cfg, device)
-        info = DistInfo(0, 0, 1, device, owns_group=False)
-        amp = autocast_dtype(cfg.dtype, device)
-
-        def step() -> None:
-            train_step(
-                model, opt, lambda: (x, y), grad_accum=1, lr=0.0, grad_clip=1.0, amp=amp, info=info
-            )
-
+        step = step_on_random_batch(cfg, vocab_size, torch.device(resolve_device(cfg.device)))
         for _ in range(warmup):
             step()
         times = []

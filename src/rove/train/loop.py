@@ -51,8 +51,10 @@ from rove import run_files
 from rove._version import __version__
 from rove.checkpoint import capture_rng, save_checkpoint
 from rove.data import TokenLoader, verify_data_identity
+from rove.model import GPT
+from rove.precision import autocast_dtype
 from rove.terminal import interactive
-from rove.train.config import TrainConfig, check_data_tokenizer
+from rove.train.config import TrainConfig, build_model_config, check_data_tokenizer
 from rove.train.distributed import (
     DistInfo,
     all_gather_objects,
@@ -87,6 +89,7 @@ __all__ = [
     "TrainingInterrupted",
     "configure_optimizer",
     "evaluate",
+    "step_on_random_batch",
     "train",
     "train_step",
 ]
@@ -157,6 +160,33 @@ def train_step(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_value, norm_value
+
+
+def step_on_random_batch(
+    cfg: ResolvedTrainConfig,
+    vocab_size: int,
+    device: torch.device,
+    *,
+    compile_backend: str = "inductor",
+) -> Callable[[], tuple[float, float]]:
+    """One optimizer step of ``cfg``'s model exactly as training runs it (:func:`train_step`,
+    in ``cfg``'s precision, compiled if ``cfg.compile``) on one fixed random batch of token ids
+    below ``vocab_size``: what a throughput measurement times, data loading excluded (the
+    benchmarks, ``rove demo``'s probe). Seeds torch's global generator; fork it to keep it."""
+    torch.manual_seed(0)
+    x = torch.randint(0, vocab_size, (cfg.micro_batch, cfg.seq_len), device=device)  # (B, T)
+    y = torch.roll(x, -1, dims=1)
+    model = GPT(build_model_config(cfg, vocab_size)).to(device)
+    optimizer = configure_optimizer(model, cfg, device)
+    compiled: torch.nn.Module = model
+    if cfg.compile:  # an OptimizedModule, typed only as a Callable by torch's stubs
+        compiled = torch.compile(model, backend=compile_backend)  # type: ignore[assignment]
+    info = DistInfo(0, 0, 1, device, owns_group=False)
+    amp = autocast_dtype(cfg.dtype, device)
+    return lambda: train_step(
+        compiled, optimizer, lambda: (x, y), grad_accum=1, lr=1e-4, grad_clip=1.0, amp=amp,
+        info=info,
+    )  # fmt: skip
 
 
 @torch.no_grad()
