@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("rove.demo", "RoPE vs RoVE on the embedded CPU corpus: train, evaluate, report"),
     "compare": ("rove.compare", "train and evaluate several position encodings over seeds, report"),
     "train": ("rove.train.cli", "train a GPT-2 style model (torchrun for many GPUs)"),
+    "finetune": ("rove.finetune", "continue a model you have (rove run or HF folder) as RoVE"),
     "eval": ("rove.eval.suite", "evaluate a checkpoint: perplexity vs length, RULER, ICL, CORE"),
     "analyze": ("rove.analysis", "mixer matrix, offset kernels and circuits of a model's head"),
     "vision": ("rove.vision", "2-D RoPE vs RoVE ViT on offline digits, with extrapolation"),

@@ -396,10 +396,10 @@ def evaluate_checkpoint(
 
     ``data``/``data_dir`` evaluate on other held-out text instead (see ``_held_out_tokens``).
     """
-    from rove.checkpoint import load_model
+    from rove.checkpoint import load_any_model
     from rove.data import checkpoint_tokenizer
 
-    model, meta = load_model(path, device=device)
+    model, meta = load_any_model(path, device=device)
     train_cfg = meta["train_config"]
     tokenizer = checkpoint_tokenizer(meta, f"checkpoint {path}")  # hf:PATH, not its hash
     tokens, data_record = _held_out_tokens(meta, tokenizer, data, data_dir)

@@ -53,7 +53,15 @@ from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train
 if TYPE_CHECKING:
     from rove.train.config import ResolvedTrainConfig
 
-__all__ = ["build_parser", "config_from_args", "main", "read_config", "recipe"]
+__all__ = [
+    "build_parser",
+    "config_from_args",
+    "main",
+    "parse_args",
+    "read_config",
+    "recipe",
+    "run",
+]
 
 RECIPE = "default: from the preset's recipe"
 # GPTConfig fields with their own flag, mapped into TrainConfig.model_overrides.
@@ -61,11 +69,15 @@ _MODEL_FLAGS = ("n_kv_head", "shared_kv", "rotary_dim", "rope_base", "rope_conve
 _MODEL_DEFAULTS = config_defaults(GPTConfig)  # shown in help; the flags default to None (unset)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(
+    prog: str = "rove train",
+    description: str = "Train a GPT-2 style model with a given position encoding (RoPE, RoVE, ...).",
+    positions: tuple[str, ...] = POSITIONS,
+) -> argparse.ArgumentParser:
+    """``rove train``'s flags, one per ``TrainConfig`` field; ``rove finetune`` adds its own
+    to them (:mod:`rove.finetune`) and narrows ``--pos`` to ``positions``."""
     p = argparse.ArgumentParser(
-        prog="rove train",
-        description="Train a GPT-2 style model with a given position encoding (RoPE, RoVE, ...).",
-        formatter_class=DefaultsFormatter,
+        prog=prog, description=description, formatter_class=DefaultsFormatter
     )
     p.add_argument(
         "--config",
@@ -74,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("model")
     g.add_argument("--preset", choices=sorted(PRESETS), help="model size and recipe")
-    g.add_argument("--pos", choices=POSITIONS, help="position encoding")
+    g.add_argument("--pos", choices=positions, help="position encoding")
     g.add_argument("--n-kv-head", type=int, help="key/value heads (GQA); default: n_head")
     g.add_argument(
         "--shared-kv", action="store_true", default=None, help="one projection for K and V (K = V)"
@@ -201,13 +213,27 @@ def recipe(cfg: ResolvedTrainConfig, grad_accum: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rove train``; returns the exit status."""
     parser = build_parser()
+    args, stored = parse_args(parser, argv)
+    return run(parser.prog, args, config_from_args(args, stored))
+
+
+def parse_args(
+    parser: argparse.ArgumentParser, argv: list[str] | None
+) -> tuple[argparse.Namespace, dict]:
+    """(the parsed flags, the ``--config`` file's fields): the file's fields are the flags'
+    defaults, so the file < the command line."""
     args = parser.parse_args(argv)
     stored = read_config(args.config) if args.config else {}
-    if stored:  # the file's fields become the defaults: the file < the command line
+    if stored:
         parser.set_defaults(**stored)
         args = parser.parse_args(argv)
+    return args, stored
+
+
+def run(prog: str, args: argparse.Namespace, config: TrainConfig) -> int:
+    """Train (or with ``--dry-run`` print) ``config`` for command ``prog``; the exit status."""
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    cfg = config_from_args(args, stored).resolve()
+    cfg = config.resolve()
     grad_accum = cfg.grad_accum_steps(int(os.environ.get("WORLD_SIZE", "1")))
     if args.dry_run:
         if main_rank:
@@ -218,10 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_dir = train(cfg, progress=not args.no_progress, resume=args.resume)
     except TrainingInterrupted as err:
-        print(f"rove train: {err}; continue with --resume", file=sys.stderr)
+        print(f"{prog}: {err}; continue with --resume", file=sys.stderr)
         return err.exit_code
     except NonFiniteLossError as err:  # the run failed, not its command line
-        print(f"rove train: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
         return 1
     if main_rank:
         summary = json.loads((run_dir / run_files.SUMMARY).read_text(encoding="utf-8"))

@@ -30,15 +30,18 @@ import torch
 from rove.configs import check_types, dataclass_from_dict
 from rove.data.prepare import MANIFEST_NAME, load_manifest
 from rove.data.tokenizers import (
+    HF_PREFIX,
     TOKENIZERS,
     check_tokenizer_identity,
     check_tokenizer_name,
     get_tokenizer,
 )
+from rove.functional import ROTARY_POS
 from rove.model import POSITIONS, PRESETS, GPTConfig, get_preset
 from rove.precision import DTYPES
 from rove.train.distributed import PARALLEL
 from rove.train.schedule import LR_SCHEDULES
+from rove.train.source import SourceModel, read_source
 
 __all__ = [
     "DECAY_SHAPES",
@@ -51,6 +54,7 @@ __all__ = [
     "TrainConfig",
     "build_model_config",
     "check_data_tokenizer",
+    "check_source_tokenizer",
     "compiles_by_default",
     "data_tokenizer",
     "pad_vocab",
@@ -160,6 +164,9 @@ class TrainConfig:
     preset: str = "tiny"  # model preset: gpt2-124m | gpt2-354m | small | tiny | nano
     pos: str = "rove"  # position encoding: learned | nope | rope | rove (the experiment's variable)
     model_overrides: dict = field(default_factory=dict)  # other GPTConfig fields, e.g. shared_kv
+    # continue this model instead of a fresh init (a finetune, see rove.train.source): a rove run
+    # or checkpoint folder, or a Hugging Face folder; pos then says rope (as is) or rove (convert)
+    init_from: str | None = None
     # --- data ---
     data: str | None = None  # corpus: "stdlib" | "fineweb-edu" | a local file/folder path
     tokenizer: str | None = None  # "gpt2" | "byte" | "hf:PATH"; None = data_dir's, else recipe's
@@ -311,7 +318,26 @@ class TrainConfig:
             )
 
     def _check_model(self) -> None:
-        """The model the overrides give builds, with a usable RoPE base, before any run starts."""
+        """The model the overrides give builds, with a usable RoPE base, before any run starts.
+
+        A finetune's model is its source's: only a rotary ``pos`` and no overrides make sense.
+        """
+        if self.init_from is not None:
+            if not isinstance(self.init_from, str) or not self.init_from:
+                raise ValueError(f"init_from must be a path, got {self.init_from!r}")
+            if self.pos not in ROTARY_POS:
+                raise ValueError(
+                    f"pos {self.pos!r} cannot continue a model from init_from: a finetune "
+                    f"continues it as RoPE or converts it to RoVE (pos one of {ROTARY_POS})"
+                )
+            if self.model_overrides:
+                raise ValueError(
+                    f"model_overrides {sorted(self.model_overrides)} cannot change the "
+                    f"architecture of the model continued from init_from {self.init_from}"
+                )
+            if self.parallel == "fsdp":
+                raise ValueError("parallel 'fsdp' is not supported with init_from; use 'ddp'")
+            return
         try:
             model = build_model_config(self, vocab_size=VOCAB_MULTIPLE)
         except (TypeError, ValueError) as err:
@@ -347,17 +373,19 @@ class TrainConfig:
         """
         recipe = RECIPES[self.preset]
         values = dataclasses.asdict(self)
-        if self.tokenizer is None and self.data_dir is not None:
-            values["tokenizer"] = data_tokenizer(Path(self.data_dir))
+        if self.init_from is not None:
+            recipe = _finetune_defaults(values, read_source(self.init_from))
+        if values["tokenizer"] is None and values["data_dir"] is not None:
+            values["tokenizer"] = data_tokenizer(Path(values["data_dir"]))
         for name in _RECIPE_FIELDS:
             if values[name] is None:
                 values[name] = recipe[name]
         if values["seq_len"] is None:
-            values["seq_len"] = PRESETS[self.preset].get("block_size", GPTConfig.block_size)
+            values["seq_len"] = PRESETS[values["preset"]].get("block_size", GPTConfig.block_size)
         if values["compile"] is None:
             values["compile"] = compiles_by_default(self.device)
         if values["run_name"] is None:
-            values["run_name"] = f"{self.preset}-{self.pos}-seed{self.seed}"
+            values["run_name"] = f"{values['preset']}-{self.pos}-seed{self.seed}"
         per_step = values["tokens_per_step"]
         steps, budget = values["max_steps"], values["token_budget"]
         if steps is None:
@@ -376,6 +404,11 @@ class TrainConfig:
                 f"{budget // per_step} steps of {per_step} tokens; set only one"
             )
         values["max_steps"], values["token_budget"] = steps, budget
+        if self.init_from is not None:  # a continuation is short: a tenth of it warms up,
+            if self.warmup_steps is None:  # and ten validations draw its recovery curve
+                values["warmup_steps"] = min(values["warmup_steps"], steps // 10)
+            if self.eval_interval is None:
+                values["eval_interval"] = min(values["eval_interval"], max(1, steps // 10))
         return cast("ResolvedTrainConfig", TrainConfig(**values))
 
     def grad_accum_steps(self, world_size: int = 1) -> int:
@@ -428,6 +461,66 @@ if TYPE_CHECKING:
         compile: bool
 
 
+def _finetune_defaults(values: dict, source: SourceModel) -> dict:
+    """Fill ``values`` (in place) from a finetune's ``source`` and return the recipe its other
+    ``None`` fields take.
+
+    A rove checkpoint continues as it was trained: its preset, data, tokenizer, batch, learning
+    rate, evaluation and context, unless given. A Hugging Face folder takes ``preset``'s recipe,
+    with its own tokenizer (``hf:<folder>``). Either way the length of the continuation is the
+    caller's: ``max_steps`` or ``token_budget`` must be given; the warm-up defaults to at most a
+    tenth of it, and validation to at least every tenth (the recovery curve).
+    """
+    if values["max_steps"] is None and values["token_budget"] is None:
+        raise ValueError(
+            f"a finetune (init_from {values['init_from']}) needs max_steps or token_budget: "
+            "how long to continue the model"
+        )
+    if values["run_name"] is None:
+        values["run_name"] = f"{source.name}-{values['pos']}-seed{values['seed']}"
+    if source.kind == "hf":
+        if values["tokenizer"] is None and values["data_dir"] is None:
+            values["tokenizer"] = f"{HF_PREFIX}{source.path.resolve()}"
+        return RECIPES[values["preset"]]
+    stored = source.train_config or {}
+    values["preset"] = stored.get("preset", values["preset"])
+    if values["data"] is None and values["data_dir"] is None:
+        values["data"], values["data_dir"] = stored.get("data"), stored.get("data_dir")
+        values["data_max_tokens"] = values["data_max_tokens"] or stored.get("data_max_tokens")
+    if values["tokenizer"] is None and values["data_dir"] is None:
+        values["tokenizer"] = stored.get("tokenizer")
+    if values["seq_len"] is None:
+        values["seq_len"] = source.block_size
+    recipe = RECIPES[values["preset"]]
+    return {name: stored.get(name, recipe[name]) for name in _RECIPE_FIELDS}
+
+
+def check_source_tokenizer(cfg: ResolvedTrainConfig) -> None:
+    """A ``ValueError`` unless a finetune's data are tokenized as its source model was trained:
+    the same tokenizer identity, within the model's vocabulary. Cheap, checked before any work."""
+    if cfg.init_from is None:
+        return
+    source = read_source(cfg.init_from)
+    data = get_tokenizer(cfg.tokenizer).identity()
+    if source.kind == "hf":
+        if not (source.path / "tokenizer.json").is_file():
+            raise ValueError(
+                f"init_from {source.path} has no tokenizer.json: rove cannot check that the "
+                "data are tokenized as the model expects"
+            )
+        expected = get_tokenizer(f"{HF_PREFIX}{source.path.resolve()}").identity()
+        vocab = source.model_config.get("vocab_size")
+    else:
+        expected = source.tokenizer or {}
+        vocab = source.model_config.get("vocab_size")
+    check_tokenizer_identity(expected, data, f"model {cfg.init_from}")
+    if isinstance(vocab, int) and data["vocab_size"] > vocab:
+        raise ValueError(
+            f"the tokenizer's {data['vocab_size']} ids do not fit the vocabulary of "
+            f"{cfg.init_from} ({vocab})"
+        )
+
+
 def data_tokenizer(data_dir: Path) -> str | None:
     """The tokenizer prepared data in ``data_dir`` were made with, as ``tokenizer`` names it
     (None if the folder holds no prepared data yet). Data prepared with an ``hf:`` tokenizer
@@ -447,7 +540,9 @@ def data_tokenizer(data_dir: Path) -> str | None:
 
 def check_data_tokenizer(cfg: ResolvedTrainConfig) -> None:
     """A ``ValueError`` if a given, prepared ``data_dir`` was made with another tokenizer than
-    ``cfg.tokenizer``: cheap, so a run or a comparison checks it before any work."""
+    ``cfg.tokenizer``, or a finetune's with another than its model's: cheap, so a run or a
+    comparison checks it before any work."""
+    check_source_tokenizer(cfg)
     if cfg.data_dir is None or not (Path(cfg.data_dir) / MANIFEST_NAME).is_file():
         return
     identity = get_tokenizer(cfg.tokenizer).identity()

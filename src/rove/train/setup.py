@@ -57,8 +57,10 @@ from rove.train.distributed import (
     wrap_ddp,
 )
 from rove.train.metrics import peak_bf16_flops
+from rove.train.source import build_source_model, model_from_config, read_source
 
 if TYPE_CHECKING:
+    from rove.hf.causal_lm import HFCausalLM, HFModelConfig
     from rove.train.config import ResolvedTrainConfig
 
 __all__ = [
@@ -80,7 +82,7 @@ log = logging.getLogger("rove.train")
 
 
 def configure_optimizer(
-    model: GPT, cfg: ResolvedTrainConfig, device: torch.device
+    model: torch.nn.Module, cfg: ResolvedTrainConfig, device: torch.device
 ) -> torch.optim.AdamW:
     """AdamW with weight decay on tensors of >= 2 dims (matrices and the tied embedding), none
     on norms and biases; fused on CUDA. The LR is set per step by the loop."""
@@ -210,19 +212,19 @@ class Run:
     info: DistInfo
     dir: Path
     data: RunData
-    model_cfg: GPTConfig
+    model_cfg: GPTConfig | HFModelConfig
     amp: torch.dtype | None
     grad_accum: int
-    raw: GPT  # unwrapped (sharded under FSDP): checkpoints and parameter counts read it
+    raw: GPT | HFCausalLM  # unwrapped (sharded under FSDP): checkpoints and counts read it
     optimizer: torch.optim.AdamW
     loader: TokenLoader
     flops_per_token: float
     peak_flops: float | None  # None: MFU is not reported
     started: float  # perf_counter() when the call began: wall time and log lines count from it
 
-    def cpu_twin(self) -> tuple[GPT, torch.optim.Optimizer]:
+    def cpu_twin(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """An unsharded CPU model and optimizer: FSDP state is gathered into it to be saved."""
-        twin = GPT(self.model_cfg)
+        twin = model_from_config(self.model_cfg.to_dict())
         return twin, configure_optimizer(twin, self.cfg, torch.device("cpu"))
 
 
@@ -289,14 +291,22 @@ def build_run(
     """Seed, then build the model (with ``ckpt``'s weights), train loader and optimizer.
 
     The weights go into the CPU model before it is placed and sharded; the rest of ``ckpt``
-    (optimizer, loader position, RNG) is restored by :func:`resume_state`.
+    (optimizer, loader position, RNG) is restored by :func:`resume_state`. A finetune starts
+    from its source's weights (:mod:`rove.train.source`); resumed, from its own checkpoint's.
     """
-    model_cfg = build_model_config(cfg, vocab_size=data.tokenizer["vocab_size"])
     amp = autocast_dtype(cfg.dtype, info.device)
     if info.is_main:
         log.info(describe_precision(cfg.dtype, info.device))
     _seed_everything(cfg.seed)
-    raw = GPT(model_cfg)
+    if cfg.init_from is None:
+        raw: GPT | HFCausalLM = GPT(build_model_config(cfg, data.tokenizer["vocab_size"]))
+    elif ckpt is not None:
+        raw = model_from_config(ckpt.meta["model_config"])
+    else:
+        source = read_source(cfg.init_from)
+        if info.is_main:
+            log.info("continuing %s (%s) as %s", source.path, source.pos, cfg.pos)
+        raw = build_source_model(source, pos=cfg.pos, block_size=cfg.seq_len)
     loader = TokenLoader(
         data.dir,
         "train",
@@ -311,13 +321,14 @@ def build_run(
         restore_model(raw, ckpt)
     raw.to(info.device)
     if cfg.parallel == "fsdp":
+        assert isinstance(raw, GPT)  # TrainConfig refuses fsdp for a finetune
         shard_fsdp(raw, info)
     return Run(
         cfg=cfg,
         info=info,
         dir=run_dir,
         data=data,
-        model_cfg=model_cfg,
+        model_cfg=raw.config,
         amp=amp,
         grad_accum=grad_accum,
         raw=raw,
@@ -379,6 +390,7 @@ def write_recipe(run: Run) -> None:
                 "tokenizer": run.data.tokenizer,
                 "data_dir": run.data.identity["dir"],
                 "data": run.data.identity,
+                "source": read_source(run.cfg.init_from).identity() if run.cfg.init_from else None,
                 "world_size": run.info.world_size,
                 "grad_accum": run.grad_accum,
             },

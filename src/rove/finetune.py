@@ -1,0 +1,170 @@
+"""``rove finetune``: continue a model you already have as RoVE (or, as the control, as RoPE).
+
+Examples::
+
+    rove finetune runs/tiny-rope-seed0 --max-steps 200            # -> runs/tiny-rope-seed0-rove-seed0
+    rove finetune ./my-llama --data-dir data/llama --max-steps 500 --seq-len 512
+    rove finetune runs/tiny-rope-seed0 --compare --max-steps 200  # both arms x 3 seeds, a report
+    rove finetune --demo                                          # all of it on a CPU, minutes
+
+``MODEL`` is a rove run (or checkpoint) folder or a Hugging Face folder of a type
+:func:`rove.hf.convert` supports. The run is ``rove train`` with ``init_from=MODEL``
+(:mod:`rove.train.source`): the same flags, ``--config``, resume, checkpoints and signals; a
+rove model continues with its own recipe unless a flag changes it, and ``--max-steps`` (or
+``--token-budget``) is how long. ``--pos rove`` converts the model (no new parameters, the V/O
+rotations change its function, so it has to recover), ``--pos rope`` continues it unchanged.
+
+``--compare`` is the fair experiment: both arms over ``--seeds``, each pair with the same
+tokens, data order, learning-rate schedule and steps, evaluated and reported by
+:mod:`rove.compare` in ``<--out>/finetune-<model>/`` (the recovery curve, perplexity vs
+length with and without YaRN, RULER-lite, paired statistics).
+
+``--demo`` is that experiment on the embedded corpus, from nothing: it pretrains a RoPE model
+with ``rove demo``'s recipe (160 steps), then compares both arms continued for
+``DEMO_STEPS`` steps over 3 seeds, evaluated as ``rove demo`` evaluates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from rove import run_files
+from rove.compare import CompareConfig, config_from_dict, run_and_print
+from rove.demo import DEMO_TRAIN, demo_config
+from rove.functional import ROTARY_POS
+from rove.terminal import command, key_value, raise_on_signals
+from rove.train import cli as train_cli
+from rove.train import train
+from rove.train.config import TrainConfig
+from rove.train.loop import TrainingInterrupted
+from rove.train.source import read_source
+
+__all__ = ["DEMO_OUT", "DEMO_STEPS", "build_parser", "compare_config", "demo_base", "main"]
+
+ARMS = ("rope", "rove")  # the control (continued as is) first: the report's baseline
+RUN_FIELDS = ("pos", "seed", "out_dir", "run_name")  # what a comparison sets per run
+DEMO_OUT = "runs/finetune-demo"
+DEMO_STEPS = 80  # half the base's 160: long enough to see whether RoVE recovers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``rove train``'s flags, ``MODEL`` and the comparison's."""
+    p = train_cli.build_parser(
+        "rove finetune",
+        "Continue an existing model (a rove run or a Hugging Face folder) as RoVE, or as RoPE "
+        "for the control arm; --compare runs both over seeds and reports.",
+        positions=ROTARY_POS,
+    )
+    p.add_argument(
+        "init_from",
+        metavar="MODEL",
+        nargs="?",
+        help="rove run or checkpoint folder, or Hugging Face model folder (llama, qwen2, "
+        "gpt_neox, ...), with a RoPE or RoVE attention",
+    )
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help=f"no MODEL: pretrain a RoPE model on the embedded corpus, then --compare both "
+        f"arms continued {DEMO_STEPS} steps (into --out, default {DEMO_OUT})",
+    )
+    g = p.add_argument_group("comparison (--compare)")
+    g.add_argument(
+        "--compare",
+        action="store_true",
+        help="train both arms (rope: continued as is; rove: converted) for each of --seeds on "
+        "the same tokens and schedule, evaluate them and write a report into "
+        "<--out>/finetune-<model>/",
+    )
+    g.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], metavar="SEED")
+    g.add_argument(
+        "--eval", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+        help="EvalConfig field (JSON value), e.g. --eval ruler_samples=20",
+    )  # fmt: skip
+    g.add_argument("--title", help="title of report.md; default: names the model")
+    g.add_argument(
+        "--force", action="store_true",
+        help="retrain runs whose stored config differs (the old ones are moved aside)",
+    )  # fmt: skip
+    return p
+
+
+def compare_config(
+    train: TrainConfig, seeds: list[int], eval_fields: dict, title: str | None = None
+) -> CompareConfig:
+    """The comparison of both arms of ``train``'s finetune over ``seeds``: every run shares
+    ``train``'s fields but the arm, the seed and where it lives."""
+    assert train.init_from is not None
+    name = read_source(train.init_from).name
+    shared = {k: v for k, v in train.to_dict().items() if k not in RUN_FIELDS}
+    return config_from_dict(
+        {
+            "pos": list(ARMS),
+            "seeds": seeds,
+            "baseline": "rope",
+            "out_dir": str(Path(train.out_dir) / f"finetune-{name}"),
+            "train": shared,
+            "eval": eval_fields,
+            "title": title or f"RoVE on {name}: continued as RoVE vs as RoPE",
+        }
+    )
+
+
+def demo_base(out_dir: Path) -> TrainConfig:
+    """The RoPE model ``--demo`` continues: ``rove demo``'s RoPE recipe, seed 0."""
+    return TrainConfig.from_dict(
+        {**DEMO_TRAIN, "pos": "rope", "out_dir": str(out_dir), "run_name": "base-rope"}
+    )
+
+
+def _demo(out: Path, *, progress: bool, force: bool) -> int:
+    """``--demo``: pretrain (or reuse) the RoPE base in ``out``, then compare both arms."""
+    base = demo_base(out)
+    base_dir = out / "base-rope"
+    if not (base_dir / run_files.SUMMARY).is_file():
+        print(f"rove finetune --demo: pretraining the RoPE model to continue, {base_dir}")
+        try:
+            with raise_on_signals(f"the pretraining so far is kept in {base_dir}"):
+                train(base, progress=progress, resume=base_dir.is_dir())
+        except TrainingInterrupted as err:
+            print(f"rove finetune: {err}; run the same command again to continue")
+            return err.exit_code
+    ft = TrainConfig(init_from=str(base_dir), max_steps=DEMO_STEPS, out_dir=str(out))
+    cfg = compare_config(ft, [0, 1, 2], dataclasses.asdict(demo_config().eval))
+    cfg = dataclasses.replace(
+        cfg,
+        out_dir=str(out),
+        title=f"RoVE on a RoPE model pretrained here: {DEMO_STEPS} steps continued as RoVE vs "
+        "as RoPE (rove finetune --demo)",
+    )
+    return run_and_print("rove finetune", cfg, progress=progress, force=force)
+
+
+@command("rove finetune")
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``rove finetune``; returns the exit status."""
+    parser = build_parser()
+    args, stored = train_cli.parse_args(parser, argv)
+    given = argv if argv is not None else sys.argv[1:]
+    if args.demo:
+        flags = {a.split("=")[0] for a in given if a.startswith("-")}
+        if args.init_from is not None or flags - {"--demo", "--out", "--no-progress", "--force"}:
+            parser.error(
+                "--demo takes no MODEL, and of the flags only --out, --force and --no-progress"
+            )
+        out = Path(args.out_dir) if "--out" in flags else Path(DEMO_OUT)
+        return _demo(out, progress=not args.no_progress, force=args.force)
+    if args.init_from is None:
+        parser.error("give the MODEL to continue (a rove run or a Hugging Face folder), or --demo")
+    train_cfg = train_cli.config_from_args(args, stored)
+    if not args.compare:
+        return train_cli.run(parser.prog, args, train_cfg)
+    if "--pos" in given:
+        parser.error("--compare trains both arms (rope and rove): leave out --pos")
+    if args.resume or args.dry_run:
+        parser.error("--compare resumes by itself (run it again) and has no --dry-run")
+    cfg = compare_config(train_cfg, args.seeds, dict(args.eval), args.title)
+    return run_and_print(parser.prog, cfg, progress=not args.no_progress, force=args.force)

@@ -1,0 +1,165 @@
+"""The model a finetune starts from (``TrainConfig.init_from``) and how a run rebuilds its model.
+
+A finetune continues an existing RoPE or RoVE model, as the same architecture with the same
+weights, under the position encoding its ``pos`` asks for: ``rope`` continues it as it is (the
+control arm), ``rove`` converts it (the V/O rotations need no new parameters, but change the
+function, so the converted model has to recover). Two kinds of source:
+
+- a rove run folder or checkpoint folder (``kind == "checkpoint"``): rove's own GPT, whose ``pos``
+  is a config field, or an earlier finetune of a Hugging Face model;
+- a Hugging Face model folder (``kind == "hf"``) of a type :func:`rove.hf.convert` supports (Llama, Qwen,
+  GPT-NeoX, ...), wrapped as :class:`rove.hf.causal_lm.HFCausalLM` and converted in place.
+
+:func:`read_source` reads only the small files (a checkpoint's meta, a ``config.json``): a
+config resolves and validates against its source before any weight or data is loaded.
+:func:`model_from_config` is the other direction: a run's stored model config back to an empty
+model of the right class, which checkpoint loading and FSDP's unsharded copies need.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from rove.functional import ROTARY_POS
+from rove.model import GPT, GPTConfig
+
+if TYPE_CHECKING:
+    from rove.hf.causal_lm import HFCausalLM
+
+__all__ = ["SourceModel", "build_source_model", "model_from_config", "read_source"]
+
+SourceKind = Literal["checkpoint", "hf"]
+
+
+@dataclass(frozen=True)
+class SourceModel:
+    """What a finetune starts from, as read from disk without its weights."""
+
+    kind: SourceKind
+    path: Path  # the checkpoint folder or Hugging Face folder the weights come from
+    name: str  # a short name for run folders: the run's or the model folder's
+    pos: str  # the source's own position encoding: rope | rove
+    model_config: dict  # a checkpoint's stored model config, or the HF folder's config.json
+    train_config: dict | None  # the source run's resolved TrainConfig (checkpoints only)
+    tokenizer: dict | None  # the tokenizer identity it was trained with (checkpoints only)
+    step: int | None  # the source checkpoint's step (checkpoints only)
+
+    @property
+    def block_size(self) -> int | None:
+        """The context the source was trained at, where it says so (a rove checkpoint)."""
+        return int(self.model_config["block_size"]) if self.kind == "checkpoint" else None
+
+    def identity(self) -> dict[str, Any]:
+        """What a run records about its source (``recipe.json``'s ``source``)."""
+        return {"kind": self.kind, "path": str(self.path), "pos": self.pos, "step": self.step}
+
+
+def read_source(path: str | Path) -> SourceModel:
+    """The source model at ``path``: a rove run or checkpoint folder, or a Hugging Face folder.
+
+    Raises ``ValueError`` (``FileNotFoundError`` for a missing path) naming what is wrong: not a
+    model, not a rotary model, an architecture :func:`rove.hf.convert` does not know.
+    """
+    from rove.checkpoint import META_FILE, CheckpointError, find_checkpoint
+
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise FileNotFoundError(f"init_from {root}: no such file or folder")
+    if (root / "config.json").is_file() and not (root / META_FILE).is_file():
+        return _hf_source(root)
+    try:
+        folder = find_checkpoint(root)
+        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+    except (FileNotFoundError, CheckpointError, OSError, ValueError) as err:
+        raise ValueError(
+            f"init_from {root}: not a rove run, checkpoint or Hugging Face model folder ({err})"
+        ) from None
+    model_config = meta.get("model_config")
+    if not isinstance(model_config, dict):
+        raise ValueError(f"init_from {folder}: its {META_FILE} has no model_config")
+    pos = str(model_config.get("pos"))
+    _check_rotary(pos, folder)
+    run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder
+    return SourceModel(
+        kind="checkpoint",
+        path=folder,
+        name=run_dir.name,
+        pos=pos,
+        model_config=model_config,
+        train_config=meta.get("train_config"),
+        tokenizer=meta.get("tokenizer"),
+        step=meta.get("step"),
+    )
+
+
+def _hf_source(folder: Path) -> SourceModel:
+    """A Hugging Face model folder, checked to be one :func:`rove.hf.convert` can switch."""
+    from rove.hf.conversion import SUPPORTED_MODEL_TYPES
+    from rove.hf.pretrained import MODEL_TYPE, STATE_KEY
+
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"init_from {folder}: cannot read config.json ({err})") from None
+    model_type, pos = config.get("model_type"), "rope"
+    if model_type == MODEL_TYPE:  # saved after rove.hf.convert: its stock type and RoVE state
+        state = config.get(STATE_KEY) or {}
+        model_type, pos = state.get("model_type"), state.get("pos", "rove")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"init_from {folder}: model type {model_type!r} cannot be converted to RoVE; "
+            f"rove.hf.convert supports {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
+        )
+    return SourceModel(
+        kind="hf",
+        path=folder,
+        name=folder.resolve().name,
+        pos=pos,
+        model_config=config,
+        train_config=None,
+        tokenizer=None,
+        step=None,
+    )
+
+
+def _check_rotary(pos: str, where: Path) -> None:
+    if pos not in ROTARY_POS:
+        raise ValueError(
+            f"init_from {where}: a {pos} model has no rotary position encoding to continue as "
+            f"RoPE or convert to RoVE (pos must be one of {ROTARY_POS})"
+        )
+
+
+def build_source_model(
+    source: SourceModel, *, pos: str, block_size: int, device: torch.device | str = "cpu"
+) -> GPT | HFCausalLM:
+    """The source's weights in a model under ``pos`` with training context ``block_size``.
+
+    ``pos == source.pos`` gives the source's own function; the other rotary ``pos`` converts it
+    (same parameters, V/O rotated).
+    """
+    if source.kind == "hf":
+        from rove.hf.causal_lm import HFCausalLM
+
+        return HFCausalLM.from_folder(source.path, pos=pos, block_size=block_size).to(device)
+    from rove.checkpoint import load_checkpoint, restore_model
+
+    ckpt = load_checkpoint(source.path, device="cpu", optimizer=False)
+    model = model_from_config({**source.model_config, "pos": pos, "block_size": block_size})
+    restore_model(model, ckpt)
+    return model.to(device)
+
+
+def model_from_config(config: dict) -> GPT | HFCausalLM:
+    """An (untrained) model of the class a stored model config describes: rove's GPT, or a
+    Hugging Face model wrapped as :class:`~rove.hf.causal_lm.HFCausalLM`."""
+    if "hf_config" in config:
+        from rove.hf.causal_lm import HFCausalLM, HFModelConfig
+
+        return HFCausalLM.from_config(HFModelConfig.from_dict(config))
+    return GPT(GPTConfig.from_dict(config))

@@ -1,0 +1,202 @@
+"""``rove finetune`` on rove models: a RoPE run continued as RoPE (the control) and as RoVE.
+
+The source is a nano RoPE model trained once per module on the stdlib corpus; every arm is a
+real ``rove.train.train`` run with ``init_from`` (Hugging Face sources: test_finetune_hf.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rove import run_files
+from rove.checkpoint import load_checkpoint, load_model
+from rove.data import TokenLoader, prepare_dataset
+from rove.finetune import compare_config, main
+from rove.model import GPT
+from rove.train import TrainConfig, train
+from rove.train.metrics import read_metrics
+from rove.train.source import build_source_model, read_source
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "stdlib-byte"
+    return prepare_dataset("stdlib", out, "byte", max_tokens=300_000, workers=1, progress=False)
+
+
+@pytest.fixture(scope="module")
+def source(data_dir, tmp_path_factory):
+    """A nano RoPE model trained 40 steps: the model every test continues."""
+    cfg = TrainConfig(
+        preset="nano", pos="rope", data_dir=str(data_dir), dtype="fp32", max_steps=40,
+        warmup_steps=4, eval_interval=20, eval_tokens=2048, checkpoint_interval=20,
+        out_dir=str(tmp_path_factory.mktemp("source")),
+    )  # fmt: skip
+    return train(cfg, progress=False)
+
+
+def finetune(source, out_dir, **kw) -> TrainConfig:
+    kw = {"max_steps": 12, "dtype": "fp32", **kw}
+    return TrainConfig(init_from=str(source), out_dir=str(out_dir), **kw)
+
+
+def val_losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r}
+
+
+def test_the_rope_arm_starts_as_the_source_and_the_rove_arm_as_its_conversion(source):
+    model, _ = load_model(source)
+    idx = torch.randint(0, 256, (2, 48))  # beyond the 32-token training context too
+    src = read_source(source)
+    rope = build_source_model(src, pos="rope", block_size=32)
+    rove = build_source_model(src, pos="rove", block_size=32)
+    converted = GPT(dataclasses.replace(model.config, pos="rove"))
+    converted.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert torch.equal(rope(idx), model(idx))
+        assert torch.equal(rove(idx), converted(idx))
+        assert not torch.allclose(rove(idx), model(idx), atol=1e-3)  # RoVE changes the function
+    assert (rope.config.pos, rove.config.pos) == ("rope", "rove")
+
+
+def test_both_arms_continue_the_source_and_lower_the_validation_loss(source, tmp_path):
+    summary = json.loads((source / run_files.SUMMARY).read_text())
+    curves = {}
+    for pos in ("rope", "rove"):
+        cfg = finetune(source, tmp_path, pos=pos)
+        resolved = cfg.resolve()
+        # continued with the source's own recipe, shortened: warm-up and validation in tenths
+        assert (resolved.preset, resolved.seq_len, resolved.lr) == ("nano", 32, 3e-3)
+        assert (resolved.warmup_steps, resolved.eval_interval) == (1, 1)
+        run_dir = train(cfg, progress=False)
+        assert run_dir.name == f"{source.name}-{pos}-seed0"
+        curves[pos] = val_losses(run_dir)
+        recipe = json.loads((run_dir / run_files.RECIPE).read_text())
+        assert recipe["source"]["path"] == str(source / "checkpoints" / "step_000040")
+        assert recipe["source"]["pos"] == "rope" and recipe["model"]["pos"] == pos
+    # the control arm's step 0 is the source itself, on the same validation windows
+    assert curves["rope"][0] == summary["final_val_loss"]
+    assert curves["rove"][0] != curves["rope"][0]
+    for pos, curve in curves.items():
+        assert curve[12] < curve[0], pos
+
+
+def test_an_interrupted_finetune_resumes_bit_for_bit(source, tmp_path, monkeypatch):
+    full = train(finetune(source, tmp_path / "full", checkpoint_interval=4), progress=False)
+
+    class Preempted(Exception):
+        pass
+
+    real_next, calls = TokenLoader.next_batch, {"train": 0}
+
+    def preempt_in_step_7(self):
+        if self.split == "train":
+            calls["train"] += 1
+            if calls["train"] == 7:
+                raise Preempted
+        return real_next(self)
+
+    cut_cfg = finetune(source, tmp_path / "cut", checkpoint_interval=4)
+    monkeypatch.setattr(TokenLoader, "next_batch", preempt_in_step_7)
+    with pytest.raises(Preempted):
+        train(cut_cfg, progress=False)
+    monkeypatch.setattr(TokenLoader, "next_batch", real_next)
+    # the source is not needed to resume: the run continues from its own checkpoint
+    monkeypatch.setattr("rove.train.setup.build_source_model", None)
+    resumed = train(cut_cfg, progress=False, resume=True)
+
+    def without_timing(records):
+        return [{k: v for k, v in r.items() if k not in ("dt_ms", "tok_per_s")} for r in records]
+
+    assert without_timing(read_metrics(resumed)) == without_timing(read_metrics(full))
+    a, b = load_checkpoint(full), load_checkpoint(resumed)
+    for name, tensor in a.model_state.items():
+        assert torch.equal(tensor, b.model_state[name]), name
+
+
+def test_a_finetuned_rove_model_exports_and_reloads_as_rove_in_a_fresh_process(source, tmp_path):
+    pytest.importorskip("transformers")
+    from rove.hf.export import export_run
+
+    run_dir = train(finetune(source, tmp_path, max_steps=4), progress=False)
+    out = export_run(run_dir, tmp_path / "export")
+    model, _ = load_model(run_dir)
+    idx = torch.randint(0, 256, (1, 40))
+    torch.save({"idx": idx}, tmp_path / "idx.pt")
+    script = (
+        "import sys, torch\n"
+        "from rove.hf.export import load_exported\n"
+        "m = load_exported(sys.argv[1]).eval()\n"
+        "idx = torch.load(sys.argv[2])['idx']\n"
+        "print(m.config.pos)\n"
+        "torch.save(m(idx).logits, sys.argv[3])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(out), str(tmp_path / "idx.pt"), str(tmp_path / "y.pt")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.split()[-1] == "rove"
+    with torch.no_grad():
+        torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(idx), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "match"),
+    [
+        ({"init_from": "nowhere"}, FileNotFoundError, "nowhere: no such file"),
+        ({"pos": "nope"}, ValueError, "pos 'nope' cannot continue"),
+        ({"max_steps": None}, ValueError, "needs max_steps or token_budget"),
+        ({"model_overrides": {"n_layer": 3}}, ValueError, "cannot change the architecture"),
+        ({"tokenizer": "gpt2"}, ValueError, "tokenizer"),
+    ],
+)
+def test_a_bad_finetune_is_refused_before_any_work(
+    source, tmp_path, monkeypatch, fields, error, match
+):
+    monkeypatch.chdir(tmp_path)  # where the run folder would go (out_dir "runs")
+    with pytest.raises(error, match=match):
+        train(TrainConfig(**{"init_from": str(source), "max_steps": 4, **fields}), progress=False)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_model_without_rotary_positions_cannot_be_continued(data_dir, tmp_path):
+    learned = train(
+        TrainConfig(preset="nano", pos="learned", data_dir=str(data_dir), max_steps=1, warmup_steps=0,
+                    eval_interval=0, out_dir=str(tmp_path)),
+        progress=False,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="a learned model has no rotary"):
+        TrainConfig(init_from=str(learned), max_steps=2).resolve()
+
+
+def test_the_command_line(source, tmp_path, capsys):
+    assert main([str(source), "--max-steps", "5", "--dry-run"]) == 0
+    recipe = json.loads(capsys.readouterr().out)["train"]
+    assert (recipe["init_from"], recipe["pos"], recipe["max_steps"]) == (str(source), "rove", 5)
+    for argv, message in [
+        ([str(source), "--compare", "--pos", "rove"], "leave out --pos"),
+        ([str(source), "--demo"], "--demo takes no MODEL"),
+        (["--max-steps", "3"], "give the MODEL"),
+        ([str(source), "--pos", "nope"], "invalid choice"),
+    ]:
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
+
+
+def test_the_comparison_pairs_both_arms_on_one_recipe(source, tmp_path):
+    cfg = compare_config(finetune(source, tmp_path, lr=1e-3), [0, 1], {"icl": False})
+    assert (cfg.pos, cfg.baseline, cfg.seeds) == (["rope", "rove"], "rope", [0, 1])
+    assert cfg.out_dir == str(tmp_path / f"finetune-{source.name}")
+    arms = [cfg.train_config(pos, 1).resolve() for pos in cfg.pos]
+    shared = [{k: v for k, v in a.to_dict().items() if k not in ("pos", "run_name")} for a in arms]
+    assert shared[0] == shared[1] and shared[0]["lr"] == 1e-3 and shared[0]["seed"] == 1
+    assert not cfg.eval.icl
