@@ -516,6 +516,13 @@ def _num(value: float | None, digits: int = 4, sign: str = "") -> str:
     return "n/a" if value is None else f"{value:{sign}.{digits}f}"
 
 
+def _signed(s: Summary) -> str:
+    """A difference's mean (with its sign) ± std over seeds."""
+    if not s.n:
+        return "n/a"
+    return f"{s.mean:+.4f}" + (f" ± {s.std:.4f}" if s.n > 1 else "")
+
+
 def _recovery_row(r: SeedRecovery) -> list[str]:
     return [
         str(r.seed), _num(r.input_loss), _num(r.converted_loss),
@@ -533,7 +540,7 @@ def _recovery_mean_row(recs: list[SeedRecovery], gap: Summary) -> list[str]:
           for f in ("input_loss", "converted_loss")),
         "n/a" if not ends else str(ends[0]) if len(ends) == 1 else f"{ends[0]}-{ends[-1]}",
         *(summarize([getattr(r, f) for r in recs]).fmt(4) for f in ("end_baseline", "end_method")),
-        "n/a" if not gap.n else f"{gap.mean:+.4f}" + (f" ± {gap.std:.4f}" if gap.n > 1 else ""),
+        _signed(gap),
         seeds_cell(recs, "reached"),
         seeds_cell(recs, "caught_up"),
     ]  # fmt: skip
@@ -570,7 +577,7 @@ def _recovery_section(
         if (p := end_paired(recs)).n:
             lines += [
                 "",
-                f"Paired over seeds, {label} - {baseline} at the end: {p.diff.fmt(4)}; 95% CI "
+                f"Paired over seeds, {label} - {baseline} at the end: {_signed(p.diff)}; 95% CI "
                 f"{p.ci_text(4)}; {p.test_text()}; {label} better/worse in {p.wins}/{p.losses} "
                 f"of {p.n} seeds.",
             ]

@@ -154,12 +154,13 @@ def _seeds(recs: list[SeedRecovery]) -> str:
     return f"seed {ids[0]}" if len(ids) == 1 else f"seeds {', '.join(ids)}"
 
 
-def _by_step(recs: list[SeedRecovery], step_of: str) -> str:
-    """'step 100 in seed 0, step 150 in seeds 1, 2' for the seeds where ``step_of`` is set."""
+def _by_step(recs: list[SeedRecovery], step_of: str, after: str = "") -> str:
+    """'step 100 in seed 0, step 150 in seeds 1, 2' (``after`` follows each step) for the seeds
+    where ``step_of`` is set."""
     groups: dict[int, list[SeedRecovery]] = {}
     for r in recs:
         groups.setdefault(getattr(r, step_of), []).append(r)
-    return ", ".join(f"step {s} in {_seeds(rs)}" for s, rs in sorted(groups.items()))
+    return ", ".join(f"step {s}{after} in {_seeds(rs)}" for s, rs in sorted(groups.items()))
 
 
 def seeds_cell(recs: list[SeedRecovery], step_of: str) -> str:
@@ -190,18 +191,12 @@ def recovery_findings(recs: list[SeedRecovery], label: str, baseline: str) -> li
         conv = summarize([r.converted_loss for r in start]).mean
         reached = [r for r in start if r.reached is not None]
         not_reached = [r for r in start if r.reached is None and r.last_step is not None]
-        parts = []
-        if reached:
-            parts.append(f"reaches it at {_by_step(reached, 'reached')}")
-        if not_reached:
-            parts.append(
-                "does not reach it within "
-                + ", ".join(f"{r.last_step} steps in seed {r.seed}" for r in not_reached)
-            )
+        parts = [f"at {_by_step(reached, 'reached')}"] if reached else []
+        parts += [f"not within {r.last_step} steps in seed {r.seed}" for r in not_reached]
         lines.append(
             f"- Recovery: just converted, {label} has a validation loss of {conv:.4f} "
-            f"({conv - inp:+.4f} nats vs the input model's {inp:.4f}); it "
-            f"{' and '.join(parts) or 'has no later validation'}."
+            f"({conv - inp:+.4f} nats vs the input model's {inp:.4f}); it is back at the input "
+            f"model's loss {'; '.join(parts) or 'nowhere: no later validation'}."
         )
     gaps = {r.seed: g for r in recs if (g := r.end_gap) is not None}
     ended = [r for r in recs if r.seed in gaps]
@@ -232,12 +227,9 @@ def recovery_findings(recs: list[SeedRecovery], label: str, baseline: str) -> li
         )
         caught = [r for r in ended if r.caught_up is not None]
         never = [r for r in ended if r.caught_up is None]
-        parts = []
-        if caught:
-            parts.append(f"from {_by_step(caught, 'caught_up')} on")
-        if never:
-            parts.append(f"never in {_seeds(never)}")
-        lines.append(f"- {label} is at or below {baseline} at equal steps {' and '.join(parts)}.")
+        parts = [f"from {_by_step(caught, 'caught_up', ' on')}"] if caught else []
+        parts += [f"never in {_seeds(never)} (above {baseline} at the end)"] if never else []
+        lines.append(f"- {label} stays at or below {baseline} at equal steps {'; '.join(parts)}.")
     unpaired = [r for r in recs if r.missing]
     if unpaired:
         lines.append(
