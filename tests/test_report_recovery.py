@@ -137,7 +137,10 @@ def test_missing_validation_steps_and_runs_are_named_not_guessed() -> None:
         "run, or another eval_interval)" in md
     )
     assert "- seed 2: rope has no step-0 validation (the input model's loss)" in md
-    assert "At the end (the last common step (step 100 in seed 1, step 200 in seed 2))" in md
+    assert (
+        "- At the last step both arms validated (step 100 in seed 1, step 200 in seed 2), rove is worse"
+        in md
+    )
     assert "- Recovery not fully paired in seeds 0, 1, 2: see the Recovery section." in md
 
 
@@ -201,3 +204,15 @@ def test_recovery_plot_mean_over_steps_every_seed_has() -> None:
         assert list(mean.get_xdata()) == [0, 50, 100]
     finally:
         plt.close(fig)
+
+
+def test_run_stopped_before_its_first_validation_after_step_0() -> None:
+    res = finetune_results()
+    runs_of(res, "rove", 2)["curve"] = curve((5.0,), (0,))
+    md = render_report(res)
+    assert (
+        "| 2 | 3.0000 | 5.0000 | 0 | 3.0000 | 5.0000 | +2.0000 | no validation after step 0 | never |"
+        in md
+    )
+    assert "step 100 in seed 0; no validation after step 0 in seed 2." in md
+    assert "- seed 2: rove has no validation at step(s) 50, 100, 150, 200 that rope has" in md

@@ -139,7 +139,7 @@ def reached_text(rec: SeedRecovery) -> str:
         return f"step {rec.reached}"
     if rec.input_loss is None or rec.last_step is None:
         return "n/a"
-    return f"not within {rec.last_step} steps"
+    return f"not within {rec.last_step} steps" if rec.last_step else "no validation after step 0"
 
 
 def caught_up_text(rec: SeedRecovery) -> str:
@@ -190,13 +190,12 @@ def recovery_findings(recs: list[SeedRecovery], label: str, baseline: str) -> li
         inp = summarize([r.input_loss for r in start]).mean
         conv = summarize([r.converted_loss for r in start]).mean
         reached = [r for r in start if r.reached is not None]
-        not_reached = [r for r in start if r.reached is None and r.last_step is not None]
         parts = [f"at {_by_step(reached, 'reached')}"] if reached else []
-        parts += [f"not within {r.last_step} steps in seed {r.seed}" for r in not_reached]
+        parts += [f"{reached_text(r)} in seed {r.seed}" for r in start if r.reached is None]
         lines.append(
             f"- Recovery: just converted, {label} has a validation loss of {conv:.4f} "
             f"({conv - inp:+.4f} nats vs the input model's {inp:.4f}); it is back at the input "
-            f"model's loss {'; '.join(parts) or 'nowhere: no later validation'}."
+            f"model's loss {'; '.join(parts)}."
         )
     gaps = {r.seed: g for r in recs if (g := r.end_gap) is not None}
     ended = [r for r in recs if r.seed in gaps]
@@ -204,9 +203,9 @@ def recovery_findings(recs: list[SeedRecovery], label: str, baseline: str) -> li
         p = end_paired(recs)
         steps = sorted({r.end_step for r in ended if r.end_step is not None})
         at = (
-            f"step {steps[0]}"
+            f"At the end (step {steps[0]})"
             if len(steps) == 1
-            else f"the last common step ({_by_step(ended, 'end_step')})"
+            else f"At the last step both arms validated ({_by_step(ended, 'end_step')})"
         )
         gap = p.diff.mean
         if gap > 0:
@@ -222,7 +221,7 @@ def recovery_findings(recs: list[SeedRecovery], label: str, baseline: str) -> li
         )
         seeds = "; ".join(f"{word} in {_seeds(rs)}" for word, rs in sides if rs)
         lines.append(
-            f"- At the end ({at}), {verdict} of validation loss (mean over {p.n} seed(s); "
+            f"- {at}, {verdict} of validation loss (mean over {p.n} seed(s); "
             f"{seeds}; {p.test_text()})."
         )
         caught = [r for r in ended if r.caught_up is not None]
