@@ -191,6 +191,12 @@ def test_recovery_plot_lines() -> None:
         # the converted step-0 loss (4.5) is far above the rest: off the y range, said in text
         assert ax.get_ylim()[1] < 4.5
         assert any("rove at step 0: 4.500" in t.get_text() for t in ax.texts)
+        # right: rove - rope per seed at the steps both validated after 0, mean, a zero line
+        gaps = fig.axes[1]
+        mean = next(ln for ln in gaps.get_lines() if ln.get_label() == "rove - rope (mean of 3)")
+        assert list(mean.get_xdata()) == [50, 100, 150, 200]
+        assert list(mean.get_ydata()) == pytest.approx([0.85 / 3, 0.75 / 3, 0.45 / 3, 0.45 / 3])
+        assert any(list(ln.get_ydata()) == [0, 0] for ln in gaps.get_lines())
     finally:
         plt.close(fig)
 

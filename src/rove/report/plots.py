@@ -320,39 +320,58 @@ def training_figure(runs: list[dict]) -> plt.Figure:
 
 
 def plot_recovery(runs: list[dict], baseline: str, path: Path) -> Path:
-    """A finetune comparison's validation loss vs step per arm (see :func:`recovery_figure`)."""
+    """A finetune comparison's recovery (see :func:`recovery_figure`)."""
     return _save(recovery_figure(runs, baseline), path)
 
 
 def recovery_figure(runs: list[dict], baseline: str) -> plt.Figure:
-    """Validation loss vs step: a thin line per seed, a thick mean per arm (over the steps every
-    seed of the arm validated, so a missing point does not bend it), and a horizontal line at
-    the input model's loss (the baseline's step 0). The just-converted step-0 loss can sit far
-    above the rest; the y range then leaves it out and the plot says where it is."""
+    """Validation loss vs step per arm against the input model's loss (left), and each converted
+    arm minus the baseline at equal steps (right: the small end gap a loss panel hides).
+
+    Thin lines: seeds; thick: the mean over the steps every seed validated, so a missing point
+    does not bend it. The open figure is the caller's to save and close.
+    """
     curves = {label: [c for r in runs if r["label"] == label if (c := val_curve(r))]
               for label in _labels(runs)}  # fmt: skip
     if not any(curves.values()):
         raise ValueError("no validation loss to plot")
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, (losses, gaps) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    _recovery_losses(losses, curves, baseline)
+    _recovery_gaps(gaps, runs, baseline)
+    return fig
+
+
+def _seed_lines(ax: plt.Axes, i: int, seeds: list[dict[int, float]], label: str) -> list[int]:
+    """A thin line per seed and a thick mean (``label``) in the ``i``-th style; the mean's steps."""
+    style = _style(i)
+    for c in seeds:
+        xs = sorted(c)
+        ax.plot(xs, [c[x] for x in xs], color=style["color"], lw=0.7, alpha=0.4)
+    xs = sorted(set.intersection(*(set(c) for c in seeds)))
+    ax.plot(
+        xs, [summarize([c[x] for c in seeds]).mean for x in xs], color=style["color"],
+        ls=style["ls"], marker=style["marker"], ms=4, lw=2, markevery=max(1, len(xs) // 12),
+        label=label,
+    )  # fmt: skip
+    return xs
+
+
+def _recovery_losses(
+    ax: plt.Axes, curves: dict[str, list[dict[int, float]]], baseline: str
+) -> None:
+    """Validation loss per arm and the input model's loss (the baseline's step 0). The
+    just-converted step-0 loss can sit far above the rest: the y range then leaves it out and
+    the panel says where it is."""
     shown: list[float] = []  # the values the y range must hold
     converted_at_0: dict[str, float] = {}
     for i, (label, seeds) in enumerate(curves.items()):
         if not seeds:
             continue
-        style = _style(i)
-        for c in seeds:
-            xs = sorted(c)
-            ax.plot(xs, [c[x] for x in xs], color=style["color"], lw=0.7, alpha=0.4)
-        xs = sorted(set.intersection(*(set(c) for c in seeds)))
-        mean = [summarize([c[x] for c in seeds]).mean for x in xs]
         arm = "continued" if label == baseline else "converted"
-        ax.plot(
-            xs, mean, color=style["color"], ls=style["ls"], marker=style["marker"], ms=4, lw=2,
-            markevery=max(1, len(xs) // 12), label=f"{label} ({arm}, mean of {len(seeds)})",
-        )  # fmt: skip
+        xs = _seed_lines(ax, i, seeds, f"{label} ({arm}, mean of {len(seeds)})")
         shown += [v for c in seeds for x, v in c.items() if x > 0 or label == baseline]
         if label != baseline and 0 in xs:
-            converted_at_0[label] = mean[0]
+            converted_at_0[label] = summarize([c[0] for c in seeds]).mean
     inputs = [c[0] for c in curves.get(baseline, []) if 0 in c]
     if inputs:
         level = summarize(inputs).mean
@@ -366,7 +385,28 @@ def recovery_figure(runs: list[dict], baseline: str) -> plt.Figure:
             ax.text(0.99, 0.98, "off the top: " + "; ".join(above), transform=ax.transAxes,
                     ha="right", va="top", fontsize=8, color="grey")  # fmt: skip
     ax.set(xlabel="continued-training step", ylabel="validation loss (nats/token)")
-    ax.set_title("Recovery after conversion (thin: seeds; thick: mean)")
+    ax.set_title("Validation loss (thin: seeds; thick: mean)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    return fig
+
+
+def _recovery_gaps(ax: plt.Axes, runs: list[dict], baseline: str) -> None:
+    """Each converted arm minus the baseline, per seed at the steps both validated after step 0
+    (step 0, the conversion's cost, is in the report's table)."""
+    by_run = {(r["label"], r["seed"]): val_curve(r) for r in runs}
+    for i, label in enumerate(_labels(runs)):
+        seeds = []
+        for (lab, seed), m in by_run.items():
+            b = by_run.get((baseline, seed))
+            if lab == label != baseline and b is not None:
+                steps = sorted(m.keys() & b.keys())
+                if later := [s for s in steps if s > 0] or steps:
+                    seeds.append({s: m[s] - b[s] for s in later})
+        if seeds:
+            _seed_lines(ax, i, seeds, f"{label} - {baseline} (mean of {len(seeds)})")
+    ax.axhline(0, color="grey", lw=1, ls=":")
+    ax.set(xlabel="continued-training step", ylabel="difference in validation loss (nats/token)")
+    ax.set_title(f"Converted minus {baseline} at equal steps (below 0: converted better)")
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
