@@ -589,6 +589,17 @@ def _recovery_section(
     return lines
 
 
+# What the numbers are, next to the paper's (the report's note under its findings)
+PRETRAIN_SCALE = (
+    "Small CPU models trained for minutes are far from the paper's 124M/354M models trained on "
+    "10B tokens; read these numbers as a smoke test of the method, not a replication."
+)
+FINETUNE_SCALE = (
+    "The paper pretrains its RoVE models and converts none: these numbers measure what a short "
+    "continued training recovers after the conversion, with no paper counterpart to replicate."
+)
+
+
 def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
     """Markdown report of ``results``; ``figures`` maps captions to image file names."""
     runs, baseline = _runs_and_baseline(results)
@@ -609,15 +620,7 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         *findings(results),
         "",
         f"With {len(seeds)} seed(s), a difference that is not consistent across seeds is within "
-        + (
-            "noise. The paper pretrains its RoVE models and converts none: these numbers measure "
-            "what a short continued training recovers after the conversion, with no paper "
-            "counterpart to replicate."
-            if source
-            else "noise. Small CPU models trained for minutes are far from the paper's 124M/354M "
-            "models trained on 10B tokens; read these numbers as a smoke test of the method, not "
-            "a replication."
-        ),
+        f"noise. {FINETUNE_SCALE if source else PRETRAIN_SCALE}",
         "",
         "Paired tests over seeds: Student t on the per-seed differences (t(df), two-sided p) and "
         f"the exact Wilcoxon signed-rank test; with fewer than {MIN_TEST_N} seeds no test is run "
@@ -654,15 +657,8 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         lines += ["", *notes] if notes else []
     if not_run := _not_run(runs):
         lines += ["", "## Not run", "", *not_run]
-    lines += [
-        "",
-        "## Paired comparison",
-        "",
-        *table,
-        "",
-        "## Continued training" if source else "## Training",
-        "",
-    ]
+    training = "## Continued training" if source else "## Training"
+    lines += ["", "## Paired comparison", "", *table, "", training, ""]
     lines += _table(
         ["method", "final train loss", "final val loss", "tokens", "tokens/s"],
         [
