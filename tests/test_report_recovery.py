@@ -222,3 +222,20 @@ def test_run_stopped_before_its_first_validation_after_step_0() -> None:
     )
     assert "step 100 in seed 0; no validation after step 0 in seed 2." in md
     assert "- seed 2: rove has no validation at step(s) 50, 100, 150, 200 that rope has" in md
+
+
+def test_one_seed_that_never_recovers_reads_plainly() -> None:
+    res = finetune_results()
+    res["runs"] = [r for r in res["runs"] if r["seed"] == 2]
+    lines = findings(res)
+    assert lines[0].endswith(
+        "it is not back at the input model's loss: not within 200 steps in seed 2."
+    )
+    assert lines[1].startswith(
+        "- At the end (step 200), rove is worse than continued rope by 0.5000 nats"
+    )
+    assert (
+        lines[2]
+        == "- rove never stays at or below rope at equal steps in seed 2 (above rope at the end)."
+    )
+    assert "at the end: +0.5000; n < 2: no interval; n < 3: no test;" in render_report(res)

@@ -577,8 +577,8 @@ def _recovery_section(
         if (p := end_paired(recs)).n:
             lines += [
                 "",
-                f"Paired over seeds, {label} - {baseline} at the end: {_signed(p.diff)}; 95% CI "
-                f"{p.ci_text(4)}; {p.test_text()}; {label} better/worse in {p.wins}/{p.losses} "
+                f"Paired over seeds, {label} - {baseline} at the end: {_signed(p.diff)}; "
+                f"{'95% CI ' if p.n > 1 else ''}{p.ci_text(4)}; {p.test_text()}; {label} better/worse in {p.wins}/{p.losses} "
                 f"of {p.n} seeds.",
             ]
         missing = [f"- seed {r.seed}: {m}" for r in recs for m in r.missing]

@@ -190,12 +190,15 @@ def recovery_findings(recs: list[SeedRecovery], label: str, baseline: str) -> li
         inp = summarize([r.input_loss for r in start]).mean
         conv = summarize([r.converted_loss for r in start]).mean
         reached = [r for r in start if r.reached is not None]
-        parts = [f"at {_by_step(reached, 'reached')}"] if reached else []
-        parts += [f"{reached_text(r)} in seed {r.seed}" for r in start if r.reached is None]
+        late = "; ".join(f"{reached_text(r)} in seed {r.seed}" for r in start if r.reached is None)
+        if reached:
+            back = f"is back at the input model's loss at {_by_step(reached, 'reached')}"
+            back += f"; {late}" if late else ""
+        else:
+            back = f"is not back at the input model's loss: {late}"
         lines.append(
             f"- Recovery: just converted, {label} has a validation loss of {conv:.4f} "
-            f"({conv - inp:+.4f} nats vs the input model's {inp:.4f}); it is back at the input "
-            f"model's loss {'; '.join(parts)}."
+            f"({conv - inp:+.4f} nats vs the input model's {inp:.4f}); it {back}."
         )
     gaps = {r.seed: g for r in recs if (g := r.end_gap) is not None}
     ended = [r for r in recs if r.seed in gaps]
@@ -226,9 +229,13 @@ def recovery_findings(recs: list[SeedRecovery], label: str, baseline: str) -> li
         )
         caught = [r for r in ended if r.caught_up is not None]
         never = [r for r in ended if r.caught_up is None]
-        parts = [f"from {_by_step(caught, 'caught_up', ' on')}"] if caught else []
-        parts += [f"never in {_seeds(never)} (above {baseline} at the end)"] if never else []
-        lines.append(f"- {label} stays at or below {baseline} at equal steps {'; '.join(parts)}.")
+        above = f"in {_seeds(never)} (above {baseline} at the end)"
+        if caught:
+            stays = f"stays at or below {baseline} at equal steps from "
+            stays += _by_step(caught, "caught_up", " on") + (f"; never {above}" if never else "")
+        else:
+            stays = f"never stays at or below {baseline} at equal steps {above}"
+        lines.append(f"- {label} {stays}.")
     unpaired = [r for r in recs if r.missing]
     if unpaired:
         lines.append(
