@@ -31,10 +31,22 @@ from rove.report.plots import (
     longest_position_length,
     plot_position_loss,
     plot_ppl_vs_length,
+    plot_recovery,
     plot_ruler,
     plot_training_curves,
 )
-from rove.stats import MIN_TEST_N, paired, summarize
+from rove.report.recovery import (
+    SeedRecovery,
+    caught_up_text,
+    end_paired,
+    init_from,
+    reached_text,
+    recoveries,
+    recovery_findings,
+    seeds_cell,
+    val_curve,
+)
+from rove.stats import MIN_TEST_N, Summary, paired, summarize
 
 __all__ = ["Metric", "metrics_of", "render_report", "write_report"]
 
@@ -455,15 +467,137 @@ def _runs_and_baseline(results: dict) -> tuple[list[dict], str]:
     return runs, baseline or ("rope" if "rope" in labels else labels[0])
 
 
+def _converted(runs: list[dict], baseline: str) -> list[str]:
+    """The arms of a finetune comparison that convert the input model (all but the baseline)."""
+    return [label for label in _labels(runs) if label != baseline]
+
+
 def findings(results: dict) -> list[str]:
     """The report's "What we found" bullets: the headline differences and what was not measured
-    (also what ``rove compare`` prints when it finishes)."""
+    (also what ``rove compare`` prints when it finishes); a finetune comparison's recovery first."""
     runs, baseline = _runs_and_baseline(results)
+    recovery = []
+    if init_from(results):
+        for label in _converted(runs, baseline):
+            recovery += recovery_findings(recoveries(runs, label, baseline), label, baseline)
     return [
         *(results.get("summary_lines") or []),
+        *recovery,
         *_paired_table(runs, baseline)[1],
         *_gaps_line(runs),
     ]
+
+
+def _span(values: list, fmt: str = ",") -> str:
+    """``1,000`` if every run has the same value, ``500-1,000`` if not, ``?`` if none has one."""
+    known = sorted({v for v in values if v is not None})
+    if not known:
+        return "?"
+    return f"{known[0]:{fmt}}" if len(known) == 1 else f"{known[0]:{fmt}}-{known[-1]:{fmt}}"
+
+
+def _finetune_line(runs: list[dict], baseline: str, source: str) -> str:
+    """What a finetune comparison continued, for how long, and what each arm is."""
+    steps = _span([r.get("train", {}).get("steps") for r in runs])
+    tokens = _span([r.get("train", {}).get("tokens") for r in runs])
+    converted = ", ".join(_converted(runs, baseline))
+    return (
+        f"Finetune comparison: every run continues the model `{source}` for {steps} steps "
+        f"({tokens} tokens): {baseline} continues it unchanged (the control), {converted} "
+        "continues the same weights converted at step 0; the arms of a seed share tokens, data "
+        "order, learning-rate schedule and steps."
+    )
+
+
+RECOVERY_FIGURE = "Recovery"  # the caption of plot_recovery's figure, shown in its section
+
+
+def _num(value: float | None, digits: int = 4, sign: str = "") -> str:
+    return "n/a" if value is None else f"{value:{sign}.{digits}f}"
+
+
+def _signed(s: Summary) -> str:
+    """A difference's mean (with its sign) ± std over seeds."""
+    if not s.n:
+        return "n/a"
+    return f"{s.mean:+.4f}" + (f" ± {s.std:.4f}" if s.n > 1 else "")
+
+
+def _recovery_row(r: SeedRecovery) -> list[str]:
+    return [
+        str(r.seed), _num(r.input_loss), _num(r.converted_loss),
+        "n/a" if r.end_step is None else str(r.end_step), _num(r.end_baseline),
+        _num(r.end_method), _num(r.end_gap, sign="+"), reached_text(r), caught_up_text(r),
+    ]  # fmt: skip
+
+
+def _recovery_mean_row(recs: list[SeedRecovery], gap: Summary) -> list[str]:
+    """Means ± std over seeds; the step columns say how many seeds got there, by which step."""
+    ends = sorted({r.end_step for r in recs if r.end_step is not None})
+    return [
+        "mean",
+        *(summarize([getattr(r, f) for r in recs]).fmt(4)
+          for f in ("input_loss", "converted_loss")),
+        "n/a" if not ends else str(ends[0]) if len(ends) == 1 else f"{ends[0]}-{ends[-1]}",
+        *(summarize([getattr(r, f) for r in recs]).fmt(4) for f in ("end_baseline", "end_method")),
+        _signed(gap),
+        seeds_cell(recs, "reached"),
+        seeds_cell(recs, "caught_up"),
+    ]  # fmt: skip
+
+
+def _recovery_section(
+    runs: list[dict], baseline: str, source: str, figure: str | None
+) -> list[str]:
+    """Per converted arm: a row per seed and a mean row, the paired end gap, what is unpaired."""
+    lines = [
+        "",
+        "## Recovery (validation loss, nats/token)",
+        "",
+        f"Every run starts from `{source}`: {baseline} continues it unchanged, "
+        f"{', '.join(_converted(runs, baseline))} converts it at step 0 and continues. The arms "
+        "of a seed see the same tokens in the same order under the same schedule; losses are "
+        "compared at equal validation steps, the end is the last step both arms validated. "
+        "\"reaches the input's loss\": the first validation step at or below the input model's "
+        f'loss; "at or below {baseline} from": the first step from which it stays at or below '
+        f"{baseline} at every later common step.",
+    ]
+    for label in _converted(runs, baseline):
+        recs = recoveries(runs, label, baseline)
+        header = [
+            "seed", f"input model ({baseline}, step 0)", f"{label} just converted (step 0)",
+            "end step", f"{baseline} at the end", f"{label} at the end",
+            f"{label} - {baseline} at the end", f"{label} reaches the input's loss",
+            f"{label} at or below {baseline} from",
+        ]  # fmt: skip
+        rows = [_recovery_row(r) for r in recs]
+        if len(recs) > 1:
+            rows.append(_recovery_mean_row(recs, end_paired(recs).diff))
+        lines += ["", *_table(header, rows)]
+        if (p := end_paired(recs)).n:
+            lines += [
+                "",
+                f"Paired over seeds, {label} - {baseline} at the end: {_signed(p.diff)}; "
+                f"{'95% CI ' if p.n > 1 else ''}{p.ci_text(4)}; {p.test_text()}; {label} better/worse in {p.wins}/{p.losses} "
+                f"of {p.n} seeds.",
+            ]
+        missing = [f"- seed {r.seed}: {m}" for r in recs for m in r.missing]
+        if missing:
+            lines += ["", "Not paired (left out of the comparison at equal steps):", "", *missing]
+    if figure:
+        lines += ["", f"![{RECOVERY_FIGURE}]({figure})"]
+    return lines
+
+
+# What the numbers are, next to the paper's (the report's note under its findings)
+PRETRAIN_SCALE = (
+    "Small CPU models trained for minutes are far from the paper's 124M/354M models trained on "
+    "10B tokens; read these numbers as a smoke test of the method, not a replication."
+)
+FINETUNE_SCALE = (
+    "The paper pretrains its RoVE models and converts none: these numbers measure what a short "
+    "continued training recovers after the conversion, with no paper counterpart to replicate."
+)
 
 
 def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
@@ -472,9 +606,12 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
     labels = _labels(runs)
     seeds = sorted({r["seed"] for r in runs})
     table = _paired_table(runs, baseline)[0]
+    figures = dict(figures or {})
+    source = init_from(results)
     lines = [
         f"# {results.get('title', 'RoPE vs RoVE comparison')}",
         "",
+        *([_finetune_line(runs, baseline, source), ""] if source else []),
         f"Methods: {', '.join(labels)}; seeds: {seeds}; training length {runs[0]['train_len']} "
         f"tokens. {results.get('setup', '')}".strip(),
         "",
@@ -483,8 +620,7 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         *findings(results),
         "",
         f"With {len(seeds)} seed(s), a difference that is not consistent across seeds is within "
-        "noise. Small CPU models trained for minutes are far from the paper's 124M/354M models "
-        "trained on 10B tokens; read these numbers as a smoke test of the method, not a replication.",
+        f"noise. {FINETUNE_SCALE if source else PRETRAIN_SCALE}",
         "",
         "Paired tests over seeds: Student t on the per-seed differences (t(df), two-sided p) and "
         f"the exact Wilcoxon signed-rank test; with fewer than {MIN_TEST_N} seeds no test is run "
@@ -493,6 +629,11 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         "## Main results (mean ± std over seeds)",
         "",
         *_main_table(runs),
+        *(
+            _recovery_section(runs, baseline, source, figures.pop(RECOVERY_FIGURE, None))
+            if source
+            else []
+        ),
         "",
         "## Out-of-distribution perplexity",
         "",
@@ -516,7 +657,8 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         lines += ["", *notes] if notes else []
     if not_run := _not_run(runs):
         lines += ["", "## Not run", "", *not_run]
-    lines += ["", "## Paired comparison", "", *table, "", "## Training", ""]
+    training = "## Continued training" if source else "## Training"
+    lines += ["", "## Paired comparison", "", *table, "", training, ""]
     lines += _table(
         ["method", "final train loss", "final val loss", "tokens", "tokens/s"],
         [
@@ -530,7 +672,7 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
             for label in labels
         ],
     )
-    for caption, name in (figures or {}).items():
+    for caption, name in figures.items():
         lines += ["", f"### {caption}", "", f"![{caption}]({name})"]
     return "\n".join(lines) + "\n"
 
@@ -553,6 +695,10 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
            for r in runs for p in r.get("curve", [])):  # fmt: skip
         figures["Training curves"] = plot_training_curves(
             runs, out_dir / "training_curves.png"
+        ).name
+    if init_from(results) and any(val_curve(r) for r in runs):
+        figures[RECOVERY_FIGURE] = plot_recovery(
+            runs, _runs_and_baseline(results)[1], out_dir / "recovery.png"
         ).name
     path = out_dir / run_files.REPORT
     write_text_atomic(path, render_report(results, figures))

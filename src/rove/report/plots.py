@@ -1,4 +1,4 @@
-"""PNG figures of a comparison: perplexity vs length, RULER groups, training curves.
+"""PNG figures of a comparison: perplexity vs length, RULER groups, training curves, recovery.
 
 Matplotlib runs on the Agg backend (no display needed). Each function takes the ``runs`` list of
 ``results.json`` and writes one file; shaded bands and error bars are the spread over seeds.
@@ -21,6 +21,7 @@ import numpy as np
 from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
 from rove.eval.records import ruler_groups, ruler_lengths, scaled_label, scaling_key, scaling_kind
+from rove.report.recovery import val_curve
 from rove.stats import summarize
 
 __all__ = [
@@ -28,9 +29,11 @@ __all__ = [
     "longest_position_length",
     "plot_position_loss",
     "plot_ppl_vs_length",
+    "plot_recovery",
     "plot_ruler",
     "plot_training_curves",
     "ppl_figure",
+    "recovery_figure",
     "training_figure",
 ]
 
@@ -314,3 +317,96 @@ def training_figure(runs: list[dict]) -> plt.Figure:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     return fig
+
+
+def plot_recovery(runs: list[dict], baseline: str, path: Path) -> Path:
+    """A finetune comparison's recovery (see :func:`recovery_figure`)."""
+    return _save(recovery_figure(runs, baseline), path)
+
+
+def recovery_figure(runs: list[dict], baseline: str) -> plt.Figure:
+    """Validation loss vs step per arm against the input model's loss (left), and each converted
+    arm minus the baseline at equal steps (right: the small end gap a loss panel hides).
+
+    Thin lines: seeds; thick: the mean over the steps every seed validated, so a missing point
+    does not bend it. The open figure is the caller's to save and close.
+    """
+    curves = {label: [c for r in runs if r["label"] == label if (c := val_curve(r))]
+              for label in _labels(runs)}  # fmt: skip
+    if not any(curves.values()):
+        raise ValueError("no validation loss to plot")
+    fig, (losses, gaps) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    _recovery_losses(losses, curves, baseline)
+    _recovery_gaps(gaps, runs, baseline)
+    return fig
+
+
+def _seed_lines(ax: plt.Axes, i: int, seeds: list[dict[int, float]], label: str) -> list[int]:
+    """A thin line per seed and a thick mean (``label``) in the ``i``-th style; the mean's steps."""
+    style = _style(i)
+    for c in seeds:
+        xs = sorted(c)
+        ax.plot(xs, [c[x] for x in xs], color=style["color"], lw=0.7, alpha=0.4)
+    xs = sorted(set.intersection(*(set(c) for c in seeds)))
+    ax.plot(
+        xs, [summarize([c[x] for c in seeds]).mean for x in xs], color=style["color"],
+        ls=style["ls"], marker=style["marker"], ms=4, lw=2, markevery=max(1, len(xs) // 12),
+        label=label,
+    )  # fmt: skip
+    return xs
+
+
+def _recovery_losses(
+    ax: plt.Axes, curves: dict[str, list[dict[int, float]]], baseline: str
+) -> None:
+    """Validation loss per arm and the input model's loss (the baseline's step 0). The
+    just-converted step-0 loss can sit far above the rest: the y range then leaves it out and
+    the panel says where it is."""
+    shown: list[float] = []  # the values the y range must hold
+    converted_at_0: dict[str, float] = {}
+    for i, (label, seeds) in enumerate(curves.items()):
+        if not seeds:
+            continue
+        arm = "continued" if label == baseline else "converted"
+        xs = _seed_lines(ax, i, seeds, f"{label} ({arm}, mean of {len(seeds)})")
+        shown += [v for c in seeds for x, v in c.items() if x > 0 or label == baseline]
+        if label != baseline and 0 in xs:
+            converted_at_0[label] = summarize([c[0] for c in seeds]).mean
+    inputs = [c[0] for c in curves.get(baseline, []) if 0 in c]
+    if inputs:
+        level = summarize(inputs).mean
+        ax.axhline(level, color="grey", lw=1, ls=":", label=f"input model: {level:.3f}")
+    if shown:
+        lo, hi = min(shown), max(shown)
+        pad = 0.05 * (hi - lo) or 0.05 * abs(hi) or 0.1
+        ax.set_ylim(lo - pad, hi + pad)
+        above = [f"{lab} at step 0: {v:.3f}" for lab, v in converted_at_0.items() if v > hi + pad]
+        if above:
+            ax.text(0.99, 0.98, "off the top: " + "; ".join(above), transform=ax.transAxes,
+                    ha="right", va="top", fontsize=8, color="grey")  # fmt: skip
+    ax.set(xlabel="continued-training step", ylabel="validation loss (nats/token)")
+    ax.set_title("Validation loss (thin: seeds; thick: mean)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _recovery_gaps(ax: plt.Axes, runs: list[dict], baseline: str) -> None:
+    """Each converted arm minus the baseline, per seed at the steps both validated after step 0
+    (step 0, the conversion's cost, is in the report's table)."""
+    by_run = {(r["label"], r["seed"]): val_curve(r) for r in runs}
+    for i, label in enumerate(_labels(runs)):
+        seeds = []
+        for (lab, seed), m in by_run.items():
+            b = by_run.get((baseline, seed))
+            if lab == label != baseline and b is not None:
+                steps = sorted(m.keys() & b.keys())
+                if later := [s for s in steps if s > 0] or steps:
+                    seeds.append({s: m[s] - b[s] for s in later})
+        if seeds:
+            _seed_lines(ax, i, seeds, f"{label} - {baseline} (mean of {len(seeds)})")
+    ax.axhline(0, color="grey", lw=1, ls=":")
+    ax.set(xlabel="continued-training step", ylabel="difference in validation loss (nats/token)")
+    ax.set_title(f"Converted minus {baseline} at equal steps (below 0: converted better)")
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
