@@ -101,6 +101,11 @@ class CompareConfig:
             raise ValueError(
                 f"baseline {self.baseline!r} is not one of the compared encodings, pos {self.pos}"
             )
+        if self.train.get("init_from") and self.baseline != "rope":
+            raise ValueError(
+                f"baseline {self.baseline!r}: a finetune comparison (train init_from) measures "
+                "the converted arms against the model continued as it is, baseline 'rope'"
+            )
         for pos in self.pos:
             for seed in self.seeds:
                 check_data_tokenizer(self.train_config(pos, seed).resolve())
@@ -218,7 +223,8 @@ def _setup_line(cfg: CompareConfig, runs: list[dict]) -> str:
     t = runs[0]["train"]
     tcfg = cfg.train_config(cfg.pos[0], cfg.seeds[0]).resolve()  # a prepared folder, or a corpus
     return (
-        f"Preset {tcfg.preset}, data {tcfg.data_dir or tcfg.data}, "
+        f"{f'Model {tcfg.init_from}' if tcfg.init_from else f'Preset {tcfg.preset}'}, "
+        f"data {tcfg.data_dir or tcfg.data}, "
         f"{t.get('tokens')} training tokens per model, {t.get('params')} parameters; "
         f"{t.get('device_name') or t.get('device')}, torch {torch.__version__}, "
         f"{dt.date.today().isoformat()}."
