@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
 from rove.terminal import DefaultsFormatter, DeprecatedFlag, command, signature_defaults
 
-__all__ = ["export_model", "export_run", "load_exported", "main"]
+__all__ = ["export_model", "export_run", "load_exported", "main", "no_progress_bars"]
 
 MODELING_FILE = Path(__file__).with_name("modeling_rove_gpt.py")
 AUTO_MAP = {
@@ -268,6 +269,21 @@ def export_model(
     return out
 
 
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off for a moment ("Writing model shards" for a one-file
+    export, "Loading weights" for a small model are noise in rove's command output)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path) -> None:
     """The export's files in ``folder``, each fsynced, with the manifest naming them last."""
     from transformers import GenerationConfig
@@ -280,7 +296,8 @@ def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path)
     if tokenizer is not None and vocab_size > tokenizer.vocab_size:
         # ids of the padded vocabulary tail have no text: never generate them
         hf.generation_config.suppress_tokens = list(range(tokenizer.vocab_size, vocab_size))
-    hf.save_pretrained(folder)
+    with no_progress_bars():
+        hf.save_pretrained(folder)
     if getattr(hf.config, "auto_map", None):
         shutil.copyfile(MODELING_FILE, folder / MODELING_FILE.name)
     if tokenizer is not None:
