@@ -13,7 +13,8 @@ code:
 Missing biases become zero biases, and GQA / shared K = V heads are repeated to full multi-head
 form, both of which leave the function unchanged. RoVE (and ``--remote-code`` for any ``pos``)
 uses :mod:`rove.hf.modeling_rove_gpt`, copied into the folder and loaded with
-``trust_remote_code=True``, or without remote code through :func:`rove.hf.load_exported`.
+``trust_remote_code=True``, or without remote code through :func:`rove.hf.load_exported`; a
+``README.md`` model card there says so (:mod:`rove.hf.model_card`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from safetensors import SafetensorError
 from rove import run_files
 from rove._version import __version__
 from rove.atomic import check_replaceable, fsync_dir, swap_in, write_json_atomic
+from rove.hf.model_card import write_export_card
 from rove.lock import lock_folder
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
@@ -300,6 +302,7 @@ def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path)
         hf.save_pretrained(folder)
     if getattr(hf.config, "auto_map", None):
         shutil.copyfile(MODELING_FILE, folder / MODELING_FILE.name)
+        write_export_card(folder, hf.config)
     if tokenizer is not None:
         from rove.hf.tokenizer import save_hf_tokenizer
 
