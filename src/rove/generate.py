@@ -380,7 +380,12 @@ def _export_samples(
             _separate(out, i)
             text = _TextOut(tok.decode, out)
             with _past_training_length_is_expected(positions is None):
-                model.generate(ids, generation_config=config, streamer=Streamer(text))
+                model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),  # no padding (transformers 4 asks)
+                    generation_config=config,
+                    streamer=Streamer(text),
+                )
             texts.append(text.finish())
     return texts
 
@@ -403,7 +408,7 @@ class _DropLengthReminder(logging.Filter):
     dropped = False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        reminder = "exceeded the model's predefined maximum length" in record.getMessage()
+        reminder = "the model's predefined maximum length" in record.getMessage()
         self.dropped |= reminder
         return not reminder
 

@@ -193,7 +193,9 @@ def _neox(model: GPT) -> Any:
             sd[p + hf_name + ".bias"] = _bias(mod, mod.weight.shape[0])
     sd["gpt_neox.final_layer_norm.weight"] = model.ln_f.weight
     sd["gpt_neox.final_layer_norm.bias"] = _bias(model.ln_f, c)
-    sd["lm_head.weight"] = model.lm_head.weight
+    # the head is "lm_head" in transformers 5, "embed_out" in 4
+    head = next(n for n, m in hf.named_modules() if m is hf.get_output_embeddings())
+    sd[f"{head}.weight"] = model.lm_head.weight
     hf.load_state_dict({k: v.detach().contiguous() for k, v in sd.items()}, strict=True)
     return hf
 
