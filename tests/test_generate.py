@@ -211,16 +211,16 @@ def transformers_warnings():
 
     from transformers.utils import logging as hf_logging
 
-    class Records(logging.Handler):
-        messages: list[str] = []  # noqa: RUF012
+    messages: list[str] = []
 
+    class Records(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            self.messages.append(record.getMessage())
+            messages.append(record.getMessage())
 
     hf_logging.warning_once.cache_clear()
     handler = Records()
     logging.getLogger("transformers").addHandler(handler)
-    yield handler.messages
+    yield messages
     logging.getLogger("transformers").removeHandler(handler)
 
 
