@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rove import run_files
 from rove.checkpoint import load_checkpoint
 from rove.compare import CompareConfig, StaleRunError, run_compare
 from rove.compare import main as compare_main
@@ -332,7 +333,7 @@ def test_compare_detects_stale_runs_and_evals(data_dir, tmp_path, capsys):
     assert results["runs"][0]["train"]["steps"] == 3
 
     longer = small_compare(data_dir, out, max_steps=4)
-    with pytest.raises(StaleRunError, match=r"rope-seed0: max_steps: 3 -> 4.*--force"):
+    with pytest.raises(StaleRunError, match=r"max_steps: 3 -> 4 in rope-seed0\).*--force"):
         run_compare(longer, progress=False)
     assert json.loads((out / "results.json").read_text()) == results  # nothing relabelled
     config_file = tmp_path / "longer.json"
@@ -349,6 +350,29 @@ def test_compare_detects_stale_runs_and_evals(data_dir, tmp_path, capsys):
     longer.eval.ppl_multiples = [1, 2]
     run_compare(longer, progress=False)
     assert set(json.loads((out / "results.json").read_text())["runs"][0]["ppl"]) == {"32", "64"}
+
+
+def test_stale_runs_that_differ_alike_are_named_after_one_difference(data_dir, tmp_path):
+    """Before: the message repeated 'max_steps: 3 -> 4' once per run."""
+    out = tmp_path / "cmp"
+    old = small_compare(data_dir, out)
+    old.pos, old.seeds = ["rope", "rove"], [0, 1]
+    for pos in old.pos:
+        for seed in old.seeds:
+            tcfg = old.train_config(pos, seed)
+            run_dir = out / "runs" / old.run_name(pos, seed)
+            run_dir.mkdir(parents=True)
+            recipe = {"train": tcfg.resolve().to_dict()}
+            if (pos, seed) == ("rove", 1):
+                recipe["train"]["lr"] = 1.0
+            run_files.recipe_file(run_dir).write_text(json.dumps(recipe))
+    longer = dataclasses.replace(old, train={**old.train, "max_steps": 4})
+    with pytest.raises(StaleRunError) as err:
+        run_compare(longer, progress=False)
+    message = str(err.value)
+    assert message.count("max_steps: 3 -> 4") == 2, message
+    assert "max_steps: 3 -> 4 in rope-seed0, rove-seed0, rope-seed1; " in message
+    assert message.startswith(f"4 run(s) in {out / 'runs'} were trained with another config")
 
 
 def test_second_compare_and_second_eval_into_one_output_are_refused(data_dir, tmp_path, capsys):

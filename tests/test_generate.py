@@ -203,6 +203,63 @@ def test_a_learned_export_refuses_a_budget_past_its_table(tmp_path, capsys):
     assert main([str(export), "--prompt", "ab", "--max-tokens", "13"]) == 0  # 3 + 13 = 16 fit
 
 
+@pytest.fixture
+def transformers_warnings():
+    """Messages transformers logs from here on (its ``warning_once`` forgotten first)."""
+    pytest.importorskip("transformers")
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    messages: list[str] = []
+
+    class Records(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    hf_logging.warning_once.cache_clear()
+    handler = Records()
+    logging.getLogger("transformers").addHandler(handler)
+    yield messages
+    logging.getLogger("transformers").removeHandler(handler)
+
+
+@pytest.mark.parametrize(("pos", "remote_code"), [("rove", False), ("rope", False), ("nope", True)])
+def test_an_export_generates_past_its_training_length_quietly(
+    tmp_path, capsys, transformers_warnings, pos, remote_code
+):
+    """Rotary and NoPE exports compute their positions: past ``block_size`` (16) transformers
+    said the call "has exceeded the model's predefined maximum length"; rove generate now keeps
+    it quiet there, and only there (the model's own ``generate`` still says it)."""
+    from rove.hf.export import export_run, load_exported
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=257, block_size=16, n_layer=1, n_head=2, n_embd=16, pos=pos)
+    run = save_byte_run(tmp_path / "run", GPT(cfg).eval())
+    export = export_run(run, tmp_path / "export", remote_code=remote_code)
+    flags = ["--prompt", "ab", "--max-tokens", "30", "--temperature", "0"]
+    assert main([str(export), *flags]) == 0
+    assert "maximum length" not in " ".join(transformers_warnings)
+    assert capsys.readouterr().err == ""  # nor transformers 5's "Loading weights" bar
+    load_exported(export).generate(torch.zeros(1, 20, dtype=torch.long), max_new_tokens=2)
+    assert "the model's predefined maximum length (16)" in " ".join(transformers_warnings)
+
+
+def test_a_learned_remote_code_export_refuses_a_budget_past_its_table(tmp_path, capsys):
+    """rove's modeling file has a position table for ``pos="learned"`` only: past it the
+    forward raised mid-stream; now the one line before generating."""
+    pytest.importorskip("transformers")
+    from rove.hf.export import export_run
+
+    cfg = GPTConfig(vocab_size=257, block_size=16, n_layer=1, n_head=2, n_embd=16, pos="learned")
+    run = save_byte_run(tmp_path / "run", GPT(cfg).eval())
+    export = export_run(run, tmp_path / "export", remote_code=True)
+    assert main([str(export), "--prompt", "ab", "--max-tokens", "20"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "20 new tokens exceed this model's 16 positions" in err
+    assert main([str(export), "--prompt", "ab", "--max-tokens", "13", "--temperature", "0"]) == 0
+
+
 def test_num_samples_and_prompts_from_a_file_or_stdin(run_dir, tmp_path, capsys, monkeypatch):
     run, _ = run_dir
     sample = ["--max-tokens", "6", "--temperature", "1", "--seed", "5"]

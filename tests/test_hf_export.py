@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import AutoModelForCausalLM, AutoTokenizer
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from rove.checkpoint import save_checkpoint
 from rove.data import get_tokenizer
-from rove.hf.export import MODELING_FILE, export_model, export_run, load_exported, main
+from rove.hf.export import (
+    EXPORT_MANIFEST,
+    MODELING_FILE,
+    export_model,
+    export_run,
+    load_exported,
+    main,
+)
+from rove.hf.model_card import CARD_NAME, MARK
 from rove.model import GPT, GPTConfig
 from run_folders import save_byte_run
 
@@ -146,7 +156,8 @@ def test_batched_generate_with_padding_equals_rows(tmp_path, pos):
     continuation (right padding made the short rows continue from pad tokens)."""
     model = random_gpt(pos)
     export_model(model, tmp_path, get_tokenizer("byte"))
-    hf, tok = load_exported(tmp_path).eval(), AutoTokenizer.from_pretrained(tmp_path)
+    hf = load_exported(tmp_path).eval()
+    tok = AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=True)
     prompts = ["a", "the cat sat on"]
     batch = tok(prompts, padding=True, return_tensors="pt")
     out = hf.generate(**batch, max_new_tokens=6, min_new_tokens=6, do_sample=False)
@@ -154,6 +165,92 @@ def test_batched_generate_with_padding_equals_rows(tmp_path, pos):
         ids = tok(prompt, return_tensors="pt")["input_ids"]
         alone = hf.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
         assert torch.equal(out[row, -6:], alone[0, -6:]), prompt
+
+
+def record_prompts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """transformers' "run the custom code? [y/N]" prompts from now on, each answered as a
+    script's closed stdin answers (transformers then falls back, so only the record tells)."""
+    asked: list[str] = []
+
+    def answer(prompt: str = "") -> str:
+        asked.append(prompt)
+        raise EOFError
+
+    monkeypatch.setattr(builtins, "input", answer)
+    return asked
+
+
+def run_card_code(folder) -> dict:
+    """Run the Python block of ``folder``'s model card on ``folder``; its variables."""
+    card = (folder / CARD_NAME).read_text(encoding="utf-8")
+    code = card.split("```python\n")[1].split("```")[0]
+    assert 'path = "."' in code
+    scope: dict = {}
+    exec(code.replace('path = "."', f"path = {str(folder)!r}"), scope)
+    return scope
+
+
+def test_a_rove_exports_tokenizer_loads_without_a_prompt(tmp_path, monkeypatch):
+    """transformers 5's ``AutoTokenizer`` loads ``config.json`` (custom code) before the
+    tokenizer, so it needs ``trust_remote_code=True`` as the model does; the tokenizer class
+    itself reads no config. Each loads rove's ids, with no prompt."""
+    byte = get_tokenizer("byte")
+    export_model(random_gpt("rove"), tmp_path, byte)
+    asked = record_prompts(monkeypatch)
+    loaders = [
+        lambda: AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=True),
+        lambda: PreTrainedTokenizerFast.from_pretrained(tmp_path),
+    ]
+    if hasattr(transformers, "TokenizersBackend"):  # transformers 5's name for the class
+        loaders.append(lambda: transformers.TokenizersBackend.from_pretrained(tmp_path))
+    text = "Hello, wörld! "
+    for load in loaders:
+        tok = load()
+        assert tok(f"{text}<|endoftext|>")["input_ids"] == [*byte.encode(text), byte.eot_token]
+        assert tok.padding_side == "left" and tok.pad_token_id == byte.eot_token
+    assert asked == []
+
+
+def test_plain_auto_tokenizer_asks_under_transformers_5_only(tmp_path, monkeypatch):
+    """What the README and the model card say: without ``trust_remote_code`` transformers 5
+    asks before loading a RoVE export's tokenizer (4.x reads tokenizer_config.json first)."""
+    export_model(random_gpt("rove"), tmp_path, get_tokenizer("byte"))
+    asked = record_prompts(monkeypatch)
+    AutoTokenizer.from_pretrained(tmp_path)
+    major = int(transformers.__version__.split(".")[0])
+    assert len(asked) == (1 if major >= 5 else 0)
+
+
+def test_a_rove_export_has_a_model_card_saying_how_to_load_it(tmp_path, monkeypatch):
+    """Stock transformers refuses the folder with a message that names no package and points
+    at the folder: the card there names RoVE, rove and ``trust_remote_code``, and its code
+    loads model and tokenizer with no prompt. Stock-architecture exports need no card."""
+    byte = get_tokenizer("byte")
+    model = random_gpt("rove", n_kv_head=2)
+    export_model(model, tmp_path / "rove", byte)
+    card = (tmp_path / "rove" / CARD_NAME).read_text()
+    assert card.startswith("---\nlibrary_name: transformers\n") and MARK in card
+    assert "# A rove GPT with RoVE" in card
+    for fact in ("2 layers", "width 32", "4 heads, 2 key/value heads", "32-token contexts"):
+        assert fact in card
+    assert 'pip install "rove[hf]"' in card and "rove.hf.from_pretrained(path)" in card
+    manifest = json.loads((tmp_path / "rove" / EXPORT_MANIFEST).read_text())
+    assert manifest["files"] == sorted(
+        p.name for p in (tmp_path / "rove").iterdir() if p.name != EXPORT_MANIFEST
+    )
+    assert CARD_NAME in manifest["files"]
+    asked = record_prompts(monkeypatch)
+    loaded = run_card_code(tmp_path / "rove")
+    assert asked == []
+    ids = loaded["tokenizer"]("abc", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded["model"](ids).logits, model(ids), atol=1e-4, rtol=0)
+    export_model(random_gpt("learned"), tmp_path / "learned", byte, remote_code=True)
+    assert "# A rove GPT with learned positions" in (tmp_path / "learned" / CARD_NAME).read_text()
+    export_model(random_gpt("rope"), tmp_path / "rope", byte)  # GPTNeoXForCausalLM
+    assert not (tmp_path / "rope" / CARD_NAME).exists()
+    export_model(random_gpt("rove"), tmp_path / "rove", byte)  # a new export replaces its card
+    assert "2 key/value heads" not in (tmp_path / "rove" / CARD_NAME).read_text()
 
 
 def test_stock_exports_load_their_tokenizer_without_a_prompt(tmp_path, capsys):
@@ -200,9 +297,10 @@ def test_export_cli_from_run_folder(tmp_path, capsys):
     save_byte_run(tmp_path / "run", model, step=3)
     assert main([str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
     captured = capsys.readouterr()
-    assert "exported" in captured.out and "deprecated" not in captured.err
+    assert captured.out == f"exported {tmp_path / 'run'} -> {tmp_path / 'out'}\n"
+    assert captured.err == ""  # was transformers 5's "Writing model shards" progress bar
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True)
-    tok = AutoTokenizer.from_pretrained(tmp_path / "out")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "out", trust_remote_code=True)
     ids = tok("abc", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-4, rtol=0)

@@ -106,6 +106,38 @@ def test_in_process_loading_and_config_only_paths(tmp_path):
     assert json.loads(copy.to_json_string())["model_type"] == MODEL_TYPE
 
 
+def test_a_saved_converted_model_has_a_model_card_never_over_the_users(tmp_path, monkeypatch):
+    """Stock ``from_pretrained`` refuses the folder pointing at it, with a message that names
+    no package: the card says what the model is and how to load it (its code runs with no
+    prompt), is rewritten by the next save, and a README.md of the user's is left alone."""
+    from rove.data import get_tokenizer
+    from rove.hf.model_card import CARD_NAME, MARK
+    from rove.hf.tokenizer import save_hf_tokenizer
+    from test_hf_export import record_prompts, run_card_code
+
+    model = rove.hf.convert(tiny_model("llama", dtype=torch.float32))
+    model.save_pretrained(tmp_path)
+    save_hf_tokenizer(get_tokenizer("byte"), tmp_path)  # a tokenizer beside it, as users save
+    card = (tmp_path / CARD_NAME).read_text()
+    assert MARK in card and "# LlamaForCausalLM with RoVE attention" in card
+    assert 'pip install "rove[hf]"' in card and "`llama`" in card
+    asked = record_prompts(monkeypatch)
+    loaded = run_card_code(tmp_path)
+    assert asked == []
+    assert rove.hf.current_pos(loaded["model"]) == "rove"
+    assert loaded["tokenizer"]("ab")["input_ids"] == get_tokenizer("byte").encode("ab")
+
+    (tmp_path / CARD_NAME).write_text(card.replace("with RoVE attention", "OLD"))
+    model.save_pretrained(tmp_path)  # rove's card: rewritten
+    assert (tmp_path / CARD_NAME).read_text() == card
+    (tmp_path / CARD_NAME).write_text("# my model\n")
+    model.save_pretrained(tmp_path)  # the user's: kept
+    assert (tmp_path / CARD_NAME).read_text() == "# my model\n"
+    stock = tiny_model("llama", dtype=torch.float32)
+    stock.save_pretrained(tmp_path / "stock")
+    assert not (tmp_path / "stock" / CARD_NAME).exists()
+
+
 def test_converted_back_to_rope_saves_a_stock_folder(tmp_path):
     stock = tiny_model("llama", dtype=torch.float32)
     stock.save_pretrained(tmp_path / "stock")

@@ -170,9 +170,16 @@ def _check_stale(cfg: CompareConfig, force: bool) -> None:
             if changed := _stale_fields(run_dir, tcfg):
                 stale[run_dir] = changed
     if stale and not force:
-        details = "; ".join(f"{d}: {', '.join(c)}" for d, c in stale.items())
+        runs_by_changes: dict[tuple[str, ...], list[str]] = {}  # each difference said once
+        for run_dir, changed in stale.items():
+            runs_by_changes.setdefault(tuple(changed), []).append(run_dir.name)
+        details = "; ".join(
+            f"{', '.join(changed)} in {', '.join(names)}"
+            for changed, names in runs_by_changes.items()
+        )
         raise StaleRunError(
-            f"{len(stale)} run(s) in {cfg.out_dir} were trained with another config ({details}). "
+            f"{len(stale)} run(s) in {Path(cfg.out_dir) / run_files.RUNS} were trained with "
+            f"another config ({details}). "
             "Their results would be labelled with the new config: rerun with --force "
             "(force=True) to move them aside as <run>.stale-<n> and train them again, or "
             "choose another output folder"

@@ -13,11 +13,13 @@ end mid-character).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
+import logging
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -326,9 +328,10 @@ def _export_samples(
     from transformers import PreTrainedTokenizerFast
     from transformers.generation.streamers import BaseStreamer
 
-    from rove.hf.export import load_exported
+    from rove.hf.export import load_exported, no_progress_bars
 
-    model = load_exported(folder).to(device).eval()
+    with no_progress_bars():
+        model = load_exported(folder).to(device).eval()
     tok = PreTrainedTokenizerFast.from_pretrained(folder)
     config = model.generation_config
     eos = config.eos_token_id if config.eos_token_id is not None else tok.eos_token_id
@@ -337,8 +340,7 @@ def _export_samples(
     settings: dict[str, Any] = {
         "max_new_tokens": sampling.max_tokens or config.max_new_tokens or DEFAULT_MAX_TOKENS
     }
-    # a learned or NoPE export is a GPT2LMHeadModel: a table of n_positions rows, no further
-    positions = getattr(model.config, "n_positions", None)
+    positions = _position_table_rows(model.config)
     if positions is not None and ids.shape[1] + settings["max_new_tokens"] > positions:
         raise ValueError(
             f"the prompt ({ids.shape[1]} tokens with the start token) and "
@@ -377,9 +379,57 @@ def _export_samples(
         for i in range(num_samples):
             _separate(out, i)
             text = _TextOut(tok.decode, out)
-            model.generate(ids, generation_config=config, streamer=Streamer(text))
+            with _past_training_length_is_expected(positions is None):
+                model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),  # no padding (transformers 4 asks)
+                    generation_config=config,
+                    streamer=Streamer(text),
+                )
             texts.append(text.finish())
     return texts
+
+
+def _position_table_rows(config: Any) -> int | None:
+    """Rows of the export's position table, the end of the positions it can embed; None where
+    positions are computed (rotary, NoPE in rove's modeling file), so generation may run past
+    the training length. Learned and NoPE stock exports are GPT2LMHeadModel (``n_positions``
+    rows); rove's modeling file has a table for ``pos="learned"`` only."""
+    if getattr(config, "pos", None) == "learned":
+        return int(config.block_size)
+    rows = getattr(config, "n_positions", None)
+    return None if rows is None else int(rows)
+
+
+class _DropLengthReminder(logging.Filter):
+    """Drops transformers' "friendly reminder" that generation passed ``max_position_embeddings``
+    (for a model with computed positions that is the training length, not a limit)."""
+
+    dropped = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        reminder = "the model's predefined maximum length" in record.getMessage()
+        self.dropped |= reminder
+        return not reminder
+
+
+@contextlib.contextmanager
+def _past_training_length_is_expected(expected: bool) -> Iterator[None]:
+    """While generating: silence the length reminder when ``expected`` (nothing else)."""
+    if not expected:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    logger = logging.getLogger("transformers.generation.stopping_criteria")
+    drop = _DropLengthReminder()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+        if drop.dropped:  # transformers logs it once per process: let a later generate say it
+            hf_logging.warning_once.cache_clear()
 
 
 def hf_export_type(folder: str | Path) -> str | None:

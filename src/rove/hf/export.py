@@ -13,7 +13,8 @@ code:
 Missing biases become zero biases, and GQA / shared K = V heads are repeated to full multi-head
 form, both of which leave the function unchanged. RoVE (and ``--remote-code`` for any ``pos``)
 uses :mod:`rove.hf.modeling_rove_gpt`, copied into the folder and loaded with
-``trust_remote_code=True``, or without remote code through :func:`rove.hf.load_exported`.
+``trust_remote_code=True``, or without remote code through :func:`rove.hf.load_exported`; a
+``README.md`` model card there says so (:mod:`rove.hf.model_card`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +35,13 @@ from safetensors import SafetensorError
 from rove import run_files
 from rove._version import __version__
 from rove.atomic import check_replaceable, fsync_dir, swap_in, write_json_atomic
+from rove.hf.model_card import write_export_card
 from rove.lock import lock_folder
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
 from rove.terminal import DefaultsFormatter, DeprecatedFlag, command, signature_defaults
 
-__all__ = ["export_model", "export_run", "load_exported", "main"]
+__all__ = ["export_model", "export_run", "load_exported", "main", "no_progress_bars"]
 
 MODELING_FILE = Path(__file__).with_name("modeling_rove_gpt.py")
 AUTO_MAP = {
@@ -190,7 +193,9 @@ def _neox(model: GPT) -> Any:
             sd[p + hf_name + ".bias"] = _bias(mod, mod.weight.shape[0])
     sd["gpt_neox.final_layer_norm.weight"] = model.ln_f.weight
     sd["gpt_neox.final_layer_norm.bias"] = _bias(model.ln_f, c)
-    sd["lm_head.weight"] = model.lm_head.weight
+    # the head is "lm_head" in transformers 5, "embed_out" in 4
+    head = next(n for n, m in hf.named_modules() if m is hf.get_output_embeddings())
+    sd[f"{head}.weight"] = model.lm_head.weight
     hf.load_state_dict({k: v.detach().contiguous() for k, v in sd.items()}, strict=True)
     return hf
 
@@ -268,6 +273,21 @@ def export_model(
     return out
 
 
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off for a moment ("Writing model shards" for a one-file
+    export, "Loading weights" for a small model are noise in rove's command output)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path) -> None:
     """The export's files in ``folder``, each fsynced, with the manifest naming them last."""
     from transformers import GenerationConfig
@@ -280,9 +300,11 @@ def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path)
     if tokenizer is not None and vocab_size > tokenizer.vocab_size:
         # ids of the padded vocabulary tail have no text: never generate them
         hf.generation_config.suppress_tokens = list(range(tokenizer.vocab_size, vocab_size))
-    hf.save_pretrained(folder)
+    with no_progress_bars():
+        hf.save_pretrained(folder)
     if getattr(hf.config, "auto_map", None):
         shutil.copyfile(MODELING_FILE, folder / MODELING_FILE.name)
+        write_export_card(folder, hf.config)
     if tokenizer is not None:
         from rove.hf.tokenizer import save_hf_tokenizer
 

@@ -9,7 +9,8 @@ where Hugging Face keeps model state, in the config. ``convert(model, "rove")`` 
     "model_type": "rove", "rove": {"pos": "rove", "model_type": "llama"},
     "auto_map": {"AutoConfig": "modeling_rove.RoveConfig", ...}
 
-with ``modeling_rove.py`` (one import of this module) beside it. Hence:
+with ``modeling_rove.py`` (one import of this module) beside it, and a ``README.md`` model card
+saying how to load it (:mod:`rove.hf.model_card`; a README.md of the user's is left alone). Hence:
 
 - a tool that does not know RoVE (stock ``AutoModelForCausalLM.from_pretrained(folder)``,
   vLLM, ...) refuses the unknown model type, or asks for ``trust_remote_code=True``, instead of
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rove.hf.conversion import HFPos, convert
+from rove.hf.model_card import write_converted_card
 
 __all__ = [
     "MODEL_TYPE",
@@ -62,6 +64,7 @@ class _RoveConfigMixin:
     def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> None:
         super().save_pretrained(save_directory, **kwargs)  # type: ignore[misc]
         shutil.copyfile(REMOTE_FILE, Path(save_directory) / REMOTE_FILE.name)
+        write_converted_card(Path(save_directory), self, self._rove_base.model_type)  # type: ignore[attr-defined]
 
 
 @functools.cache
