@@ -283,8 +283,9 @@ class HFCausalLM(nn.Module):
         The LM head runs on ``chunk_size`` positions at a time, so long-context evaluation of a
         large vocabulary never holds ``(B, T, V)`` logits.
         """
-        h = self.hf.base_model(input_ids=_checked(idx), use_cache=False).last_hidden_state
-        head = self.hf.get_output_embeddings()
+        hf = self.hf.get_base_model() if hasattr(self.hf, "get_base_model") else self.hf  # PEFT
+        h = hf.base_model(input_ids=_checked(idx), use_cache=False).last_hidden_state
+        head = hf.get_output_embeddings()
         scale = getattr(self.hf.config, "logits_scaling", 1.0)  # Granite divides its logits
         out = torch.empty(targets.shape, dtype=torch.float32, device=h.device)
         for s in range(0, h.shape[1], chunk_size):
