@@ -370,3 +370,24 @@ def test_saved_models_reload_in_a_fresh_process(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["rope", "ok", "rove", "ok"]
+
+
+def test_rove_evaluations_run_on_it():
+    """The evaluation suite's protocol, end to end: perplexity vs length with scalings."""
+    import numpy as np
+
+    from rove.eval.perplexity import perplexity_vs_length
+    from rove.eval.protocol import LanguageModel
+
+    lm = wrapped("llama", "rove", torch.float32).eval()
+    assert isinstance(lm, LanguageModel)
+    tokens = np.random.default_rng(0).integers(1, VOCAB, 400)
+    out = perplexity_vs_length(
+        lm, tokens, [BLOCK, 2 * BLOCK], scalings=(None, "yarn", "dynamic-ntk"),
+        max_tokens_per_length=64, batch_size=2, min_windows=2, progress=False,
+    )  # fmt: skip
+    assert out["block_size"] == BLOCK
+    records = [r for per_length in out["results"].values() for r in per_length.values()]
+    assert all(r["error"] is None and r["ppl"] > 1 for r in records)
+    beyond = {kind: out["results"][kind][2 * BLOCK]["loss"] for kind in out["results"]}
+    assert len(set(beyond.values())) == len(beyond)  # each scaling computes its own function
