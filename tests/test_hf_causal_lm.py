@@ -155,11 +155,11 @@ def test_from_config_and_rove_checkpoints_restore_the_model(tmp_path, arch, tied
     optimizer = torch.optim.AdamW(lm.parameters())
     folder = save_checkpoint(
         tmp_path, step=1, model=lm, optimizer=optimizer, tokens=0, train_config={}, tokenizer={}
-    )  # type: ignore[arg-type]  # typed GPT; any module with a to_dict config works
+    )
     ckpt = load_checkpoint(folder)
     assert bool(ckpt.meta["tied"]) == tied
     restored = HFCausalLM.from_config(HFModelConfig.from_dict(ckpt.meta["model_config"]))
-    restore_model(restored, ckpt)  # type: ignore[arg-type]
+    restore_model(restored, ckpt)
     out = restored.hf.get_output_embeddings().weight
     assert (out is restored.hf.get_input_embeddings().weight) == tied
     optimizer2 = torch.optim.AdamW(restored.parameters())

@@ -37,6 +37,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import torch
@@ -46,6 +47,11 @@ from safetensors.torch import load_file, save_file
 from rove import run_files
 from rove.atomic import fsync_dir, remove_temp_files, write_text_atomic
 from rove.model import GPT, GPTConfig
+
+if TYPE_CHECKING:
+    from rove.hf.causal_lm import HFCausalLM
+
+    Model: TypeAlias = GPT | HFCausalLM  # what a checkpoint saves and restores
 
 __all__ = [
     "Checkpoint",
@@ -170,7 +176,7 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _model_tensors(model: GPT) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _model_tensors(model: Model) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(state dict with each shared tensor once, {alias: stored name})."""
     tensors: dict[str, torch.Tensor] = {}
     tied: dict[str, str] = {}
@@ -208,7 +214,7 @@ def save_checkpoint(
     root: str | Path,
     *,
     step: int,
-    model: GPT,
+    model: Model,
     optimizer: torch.optim.Optimizer | None,
     tokens: int,
     train_config: dict,
@@ -265,7 +271,7 @@ def _kept(root: Path) -> str:
 def _write_checkpoint(
     tmp: Path,
     step: int,
-    model: GPT,
+    model: Model,
     optimizer: torch.optim.Optimizer | None,
     tokens: int,
     train_config: dict,
@@ -492,7 +498,7 @@ def resume_checkpoint(path: str | Path, *, device: str | torch.device = "cpu") -
     )
 
 
-def restore_model(model: GPT, ckpt: Checkpoint) -> None:
+def restore_model(model: Model, ckpt: Checkpoint) -> None:
     """Copy ``ckpt``'s weights into ``model``, checking names and that tied weights are tied."""
     where = ckpt.path / MODEL_FILE
     result = model.load_state_dict(ckpt.model_state, strict=False)
