@@ -169,8 +169,11 @@ def _scaled_rotary(module: Any, kind: str, factor: float, block_size: int) -> nn
     if kind == "linear":
         params: dict[str, Any] = {"rope_type": "linear", "factor": factor}
     elif kind == "yarn":
-        params = {"rope_type": "yarn", "factor": factor}
-        params["original_max_position_embeddings"] = block_size
+        params = {
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": block_size,
+        }
     elif kind == "dynamic-ntk":  # HF measures the growth from max_position_embeddings
         params = {"rope_type": "dynamic", "factor": factor}
         config.max_position_embeddings = block_size
