@@ -37,7 +37,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import torch
@@ -50,6 +50,8 @@ from rove.model import GPT
 
 if TYPE_CHECKING:
     from rove.hf.causal_lm import HFCausalLM
+
+    Model: TypeAlias = GPT | HFCausalLM  # what a checkpoint saves and restores
 
 __all__ = [
     "Checkpoint",
@@ -175,7 +177,7 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _model_tensors(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _model_tensors(model: Model) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(state dict with each shared tensor once, {alias: stored name})."""
     tensors: dict[str, torch.Tensor] = {}
     tied: dict[str, str] = {}
@@ -213,7 +215,7 @@ def save_checkpoint(
     root: str | Path,
     *,
     step: int,
-    model: GPT | HFCausalLM,
+    model: Model,
     optimizer: torch.optim.Optimizer | None,
     tokens: int,
     train_config: dict,
@@ -270,7 +272,7 @@ def _kept(root: Path) -> str:
 def _write_checkpoint(
     tmp: Path,
     step: int,
-    model: GPT | HFCausalLM,
+    model: Model,
     optimizer: torch.optim.Optimizer | None,
     tokens: int,
     train_config: dict,
@@ -497,7 +499,7 @@ def resume_checkpoint(path: str | Path, *, device: str | torch.device = "cpu") -
     )
 
 
-def restore_model(model: torch.nn.Module, ckpt: Checkpoint) -> None:
+def restore_model(model: Model, ckpt: Checkpoint) -> None:
     """Copy ``ckpt``'s weights into ``model``, checking names and that tied weights are tied."""
     where = ckpt.path / MODEL_FILE
     result = model.load_state_dict(ckpt.model_state, strict=False)
@@ -516,7 +518,7 @@ def restore_model(model: torch.nn.Module, ckpt: Checkpoint) -> None:
 
 def load_any_model(
     path: str | Path, device: str | torch.device = "cpu"
-) -> tuple[GPT | HFCausalLM, dict]:
+) -> tuple[Model, dict]:
     """The model of a checkpoint (or run folder) in eval mode, whatever its class: rove's
     ``GPT``, or a finetuned Hugging Face model as :class:`rove.hf.causal_lm.HFCausalLM`. And the
     checkpoint's meta: ``model_config`` and ``train_config`` (dicts), ``tokenizer`` (identity

@@ -5,20 +5,29 @@ a function needs it, never by ``import rove``.
   ``save_pretrained`` then writes a folder that loads as RoVE again;
 - :func:`from_pretrained`: load such a folder (or convert a stock one), no remote code;
 - :func:`export_model` / :func:`export_run`: a rove GPT as an HF model folder (``rove export``);
-- :func:`load_exported`: load any export with ``AutoModelForCausalLM``, no remote code.
+- :func:`load_exported`: load any export with ``AutoModelForCausalLM``, no remote code;
+- :class:`HFCausalLM`: rove's model surface (loss, ``token_nll``, ``rope_scaling`` ...) over an
+  HF causal LM, for rove's training loop and evaluations;
+- :func:`save_adapter` / :func:`load_adapter`: PEFT adapters whose base stays RoVE.
 """
 
+from rove.hf.adapter import load_adapter, save_adapter
+from rove.hf.causal_lm import HFCausalLM, HFModelConfig
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, convert, current_pos
 from rove.hf.export import export_model, export_run, load_exported
 from rove.hf.pretrained import from_pretrained, register_auto_classes
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
+    "HFCausalLM",
+    "HFModelConfig",
     "convert",
     "current_pos",
     "export_model",
     "export_run",
     "from_pretrained",
+    "load_adapter",
     "load_exported",
     "register_auto_classes",
+    "save_adapter",
 ]

@@ -28,6 +28,7 @@ from typing import Any, Literal, cast
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from rove.kernels import rotate, unrotate
 from rove.rotary import table_dtype
@@ -107,19 +108,38 @@ class _AttentionState:
             self.kv_width = n_kv * self.head_dim
         self.tables: Tables | None = None
         self.signature = inspect.signature(module.forward)
-        value, output = getattr(module, layout.value), getattr(module, layout.output)
         self.handles = [
             module.register_forward_pre_hook(self.capture, with_kwargs=True),
             module.register_forward_hook(self.release, always_call=True),
+        ]
+        self.projections: tuple[nn.Module, nn.Module] | None = None
+        self.projection_handles: list[RemovableHandle] = []
+        self.hook_projections(module)
+
+    def hook_projections(self, module: nn.Module) -> None:
+        """Hook the value and output children as they are now.
+
+        A wrapper put in a child's place after ``convert`` (PEFT's LoRA layer around
+        ``v_proj``, whose own path adds to the values) must be rotated whole: the hooks move
+        from the wrapped layer to the wrapper at the next forward.
+        """
+        value, output = getattr(module, self.layout.value), getattr(module, self.layout.output)
+        if self.projections is not None and (value, output) == self.projections:
+            return
+        for handle in self.projection_handles:
+            handle.remove()
+        self.projections = (value, output)
+        self.projection_handles = [
             value.register_forward_hook(self.rotate_values),
             output.register_forward_pre_hook(self.unrotate_output),
         ]
 
     def remove(self) -> None:
-        for handle in self.handles:
+        for handle in self.handles + self.projection_handles:
             handle.remove()
 
     def capture(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        self.hook_projections(module)
         pe = kwargs.get("position_embeddings")
         if pe is None:  # passed positionally (slower path)
             pe = self.signature.bind_partial(*args, **kwargs).arguments.get("position_embeddings")

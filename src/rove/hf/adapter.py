@@ -1,0 +1,84 @@
+"""PEFT adapters of converted models: an adapter-only save that remembers its base was RoVE.
+
+A PEFT adapter folder holds the adapter weights and ``adapter_config.json``, which names the
+base model (``base_model_name_or_path``) and nothing about how it was run. A LoRA trained on a
+converted model needs its base converted again: on the stock RoPE base its updates compute
+another function, silently. :func:`save_adapter` writes PEFT's own folder and records the base's
+pos and model type in ``adapter_config.json`` under ``"rove"`` (PEFT ignores the key, with a
+warning naming it); :func:`load_adapter` loads the base as recorded and puts the adapter on it.
+
+LoRA on the value and output projections stays RoVE: :func:`rove.hf.convert`'s hooks follow a
+wrapper put around ``v_proj`` / ``o_proj`` (converted before or after wrapping), so the LoRA
+path is rotated with the values it adds to.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+from rove.atomic import write_json_atomic
+from rove.hf.conversion import SUPPORTED_MODEL_TYPES, convert, current_pos
+
+__all__ = ["ADAPTER_CONFIG", "load_adapter", "save_adapter"]
+
+ADAPTER_CONFIG = "adapter_config.json"  # PEFT's name
+STATE_KEY = "rove"
+
+
+def save_adapter(model: Any, folder: str | Path) -> Path:
+    """``model.save_pretrained(folder)`` of a PEFT model, with its base's pos recorded."""
+    if not hasattr(model, "peft_config"):
+        raise ValueError(
+            f"save_adapter saves PEFT adapters; {type(model).__name__} is not a PEFT model "
+            "(use save_pretrained for a whole model)"
+        )
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    state = {"pos": current_pos(model), "model_type": model.config.model_type}
+    for path in (folder / ADAPTER_CONFIG, *folder.glob(f"*/{ADAPTER_CONFIG}")):  # named adapters
+        config = json.loads(path.read_text(encoding="utf-8"))
+        write_json_atomic(path, {**config, STATE_KEY: state})
+    return folder
+
+
+def load_adapter(folder: str | Path, base: Any | None = None, **kwargs: Any) -> Any:
+    """The PEFT adapter in ``folder`` on its base, converted to the pos recorded there.
+
+    ``base`` is the base model (default: ``rove.hf.from_pretrained`` of the config's
+    ``base_model_name_or_path``, with ``kwargs``); an adapter saved without :func:`save_adapter`
+    leaves the base as it is.
+    """
+    from peft import PeftModel
+
+    from rove.hf.pretrained import from_pretrained
+
+    path = Path(folder) / ADAPTER_CONFIG
+    if not path.is_file():
+        raise ValueError(f"{folder} is not a PEFT adapter folder (no {ADAPTER_CONFIG})")
+    config = json.loads(path.read_text(encoding="utf-8"))
+    state = config.get(STATE_KEY)
+    if state is not None and (
+        not isinstance(state, dict)
+        or state.get("pos") not in ("rope", "rove")
+        or state.get("model_type") not in SUPPORTED_MODEL_TYPES
+    ):
+        raise ValueError(
+            f"{path}: bad {STATE_KEY!r} entry {state!r}; want "
+            "{'pos': 'rope' | 'rove', 'model_type': <a type rove.hf.convert supports>}"
+        )
+    if base is None:
+        base = from_pretrained(config["base_model_name_or_path"], **kwargs)
+    if state is not None:
+        base_type = getattr(base.config, "model_type", None)
+        if base_type != state["model_type"]:
+            raise ValueError(
+                f"{folder}: the adapter was trained on a {state['model_type']} model, "
+                f"the base given is {base_type!r}"
+            )
+        convert(base, state["pos"])
+    with warnings.catch_warnings():  # PEFT's "unexpected keyword 'rove', upgrade PEFT"
+        warnings.filterwarnings("ignore", rf"Unexpected keyword arguments \['{STATE_KEY}'\]")
+        return PeftModel.from_pretrained(base, str(folder))

@@ -1,0 +1,460 @@
+"""rove's model surface over a Hugging Face causal LM, stock RoPE or converted to RoVE.
+
+``rove finetune`` continues training models rove did not build (Llama, Qwen, NeoX, ... folders)
+inside rove's own training loop and evaluation suite. Both are written against the surface of
+rove's ``GPT``: ``model(x, y)`` is the mean loss, ``token_nll`` per-token losses, ``generate``,
+``rope_scaling``, ``num_params``, ``flops_per_token`` and a JSON-able ``config`` that rebuilds
+the model for a checkpoint restore. :class:`HFCausalLM` gives a transformers model that surface,
+and nothing more: attention, caches and rotary tables stay the model's own code, and RoVE is
+:func:`rove.hf.convert`'s hooks, so the RoPE arm of a comparison is the stock model exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rove.atomic import check_replaceable, fsync_dir, swap_in
+from rove.hf.conversion import SUPPORTED_MODEL_TYPES, HFPos, convert, current_pos
+from rove.rotary import SCALING_KINDS
+
+__all__ = ["POSITIONS", "HFCausalLM", "HFModelConfig"]
+
+POSITIONS: tuple[str, ...] = ("rope", "rove")
+_MARKS = ("rove", "auto_map")  # what rove.hf.pretrained adds to a saved RoVE config
+# files a Hugging Face save (model and tokenizer) writes: save_pretrained replaces only these
+_HF_FILES = re.compile(
+    r"(config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens)\.json"
+    r"|model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|modeling_rove\.py"
+    r"|vocab\.json|merges\.txt|tokenizer\.model|chat_template\.jinja"
+)
+
+
+@dataclass(frozen=True)
+class HFModelConfig:
+    """What a rove checkpoint stores to rebuild an :class:`HFCausalLM` (JSON-able)."""
+
+    block_size: int  # the training context (evaluations measure 1x..16x of it)
+    vocab_size: int
+    pos: str  # "rope" | "rove"
+    model_type: str  # the stock HF model_type (llama, qwen2, ...)
+    hf_config: dict[str, Any] = field(hash=False)  # the stock config.to_dict(), no rove marks
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"HF model config: {name} must be a positive int, got {value!r}")
+        if self.pos not in POSITIONS:
+            raise ValueError(
+                f"HF model config: unknown pos {self.pos!r}; choose one of {POSITIONS}"
+            )
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"HF model config: model_type {self.model_type!r} is not one rove.hf.convert "
+                f"supports ({', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        if not isinstance(self.hf_config, dict):
+            raise ValueError(f"HF model config: hf_config must be a dict, got {self.hf_config!r}")
+        for key, want in (("model_type", self.model_type), ("vocab_size", self.vocab_size)):
+            if self.hf_config.get(key) != want:
+                raise ValueError(
+                    f"HF model config: hf_config's {key} {self.hf_config.get(key)!r} "
+                    f"does not match {key} {want!r}"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "block_size": self.block_size,
+            "vocab_size": self.vocab_size,
+            "pos": self.pos,
+            "model_type": self.model_type,
+            "hf_config": copy.deepcopy(self.hf_config),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HFModelConfig:
+        if not isinstance(d, dict):
+            raise ValueError(f"HF model config must be a dict, got {type(d).__name__}")
+        names = {"block_size", "vocab_size", "pos", "model_type", "hf_config"}
+        unknown, missing = sorted(set(d) - names), sorted(names - set(d))
+        if unknown or missing:
+            raise ValueError(f"HF model config: unknown keys {unknown}, missing keys {missing}")
+        return cls(**d)
+
+
+def _stock_dict(config: Any) -> dict[str, Any]:
+    """The config as the stock model type writes it, in JSON form (no RoVE marks; string keys,
+    so it equals itself after a round trip through a checkpoint's JSON)."""
+    saved = json.loads(config.to_json_string(use_diff=False))
+    return {k: v for k, v in saved.items() if k not in _MARKS}
+
+
+def _rotary_slots(model: nn.Module) -> list[tuple[nn.Module, str, Any]]:
+    """``(parent, name, module)`` of each HF rotary embedding module (the one that turns
+    ``position_ids`` into the ``position_embeddings`` every layer, and RoVE's hooks, read)."""
+    slots = []
+    for qualified, module in model.named_modules():
+        if isinstance(getattr(module, "inv_freq", None), torch.Tensor) and hasattr(
+            module, "rope_type"
+        ):
+            parent, _, name = qualified.rpartition(".")
+            slots.append((model.get_submodule(parent), name, module))
+    return slots
+
+
+def _follow_length(module: nn.Module, _: tuple) -> None:
+    """Forward pre-hook of a dynamic NTK rotary module: frequencies of this forward's own length.
+
+    HF's dynamic rope keeps the frequencies of the longest sequence seen (until one shorter
+    than the original context): a 2k evaluation after an 8k one would get 8k's. rove's rule
+    (``rove.rotary.Rotary.dynamic_length``) is ``max(position) + 1`` of each forward.
+    """
+    m: Any = module
+    if "dynamic" in m.rope_type:  # not while generate pins the length
+        m.max_seq_len_cached = m.original_max_seq_len
+        m.inv_freq = m.original_inv_freq
+
+
+def _rope_parameters(config: Any) -> tuple[dict[str, Any], float]:
+    """(the rope type's parameters, the base theta) of a flat rotary config."""
+    params = getattr(config, "rope_parameters", None)
+    if params is not None:  # transformers 5
+        if "rope_type" not in params:
+            raise ValueError(f"rope_scaling needs one flat rope_parameters dict, got {params}")
+        return dict(params), float(params["rope_theta"])
+    scaling = getattr(config, "rope_scaling", None) or {}  # transformers 4
+    theta: Any = getattr(config, "rope_theta", None) or getattr(config, "rotary_emb_base", None)
+    if theta is None:
+        raise ValueError(f"cannot find the rotary base of {type(config).__name__}")
+    return {"rope_type": scaling.get("rope_type", scaling.get("type", "default"))}, float(theta)
+
+
+def _set_rope(config: Any, params: dict[str, Any], theta: float) -> None:
+    if getattr(config, "rope_parameters", None) is not None:  # transformers 5
+        config.rope_parameters = {**config.rope_parameters, **params, "rope_theta": theta}
+        return
+    scaling = None if params["rope_type"] == "default" else params  # transformers 4
+    config.rope_scaling = scaling
+    config.rope_theta = theta
+    if hasattr(config, "rotary_emb_base"):  # gpt_neox in transformers 4
+        config.rotary_emb_base = theta
+
+
+def _scaled_rotary(module: Any, kind: str, factor: float, block_size: int) -> nn.Module:
+    """A new rotary embedding module like ``module`` with ``kind`` scaling by ``factor``,
+    relative to ``block_size``: built by the model's own class from a copy of its config."""
+    config = copy.deepcopy(module.config)
+    rope, theta = _rope_parameters(config)
+    if rope["rope_type"] != "default":
+        raise ValueError(
+            f"the model already scales its rotary frequencies (rope type {rope['rope_type']!r}); "
+            "rope_scaling applies to plain RoPE only"
+        )
+    if kind == "linear":
+        params: dict[str, Any] = {"rope_type": "linear", "factor": factor}
+    elif kind == "yarn":
+        params = {
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": block_size,
+        }
+    elif kind == "dynamic-ntk":  # HF measures the growth from max_position_embeddings
+        params = {"rope_type": "dynamic", "factor": factor}
+        config.max_position_embeddings = block_size
+    elif kind == "ntk":  # HF has no static NTK type: it is plain RoPE with a larger base
+        from rove.rotary.frequencies import _ntk_base
+
+        rotary_dim = 2 * module.inv_freq.numel()
+        params, theta = {"rope_type": "default"}, _ntk_base(rotary_dim, theta, factor)
+    else:
+        raise ValueError(f"unknown rope scaling {kind!r}; choose one of {SCALING_KINDS}")
+    _set_rope(config, params, theta)
+    scaled = type(module)(config).to(module.inv_freq.device)
+    if kind == "dynamic-ntk":
+        scaled.register_forward_pre_hook(_follow_length)
+    return scaled
+
+
+class HFCausalLM(nn.Module):
+    """rove's model surface over a Hugging Face causal LM (stock RoPE or converted to RoVE).
+
+    ``state_dict`` keys are ``"hf.<the HF names>"``; tied embeddings stay one tensor.
+    """
+
+    def __init__(self, hf_model: Any, block_size: int) -> None:
+        super().__init__()
+        model_type = getattr(getattr(hf_model, "config", None), "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {model_type!r} is not one rove.hf.convert supports "
+                f"({', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        if not _rotary_slots(hf_model):
+            raise ValueError(f"{type(hf_model).__name__} has no rotary embedding module")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.hf = hf_model
+        self.block_size = block_size
+        self.model_type: str = model_type
+        for _, _, module in _rotary_slots(hf_model):
+            module.register_forward_pre_hook(_follow_length)
+
+    @property
+    def config(self) -> HFModelConfig:
+        """The config as of now (``pos`` follows a later ``rove.hf.convert(model.hf, ...)``)."""
+        hf_config = self.hf.config
+        return HFModelConfig(
+            block_size=self.block_size,
+            vocab_size=int(hf_config.vocab_size),
+            pos=current_pos(self.hf),
+            model_type=self.model_type,
+            hf_config=_stock_dict(hf_config),
+        )
+
+    @classmethod
+    def from_folder(
+        cls,
+        path: str | Path,
+        *,
+        pos: HFPos | None = None,
+        block_size: int | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> HFCausalLM:
+        """The HF model folder ``path``, as saved (``pos`` None: a saved RoVE model stays RoVE)
+        or converted to ``pos``; ``block_size`` defaults to ``max_position_embeddings``."""
+        from transformers import PretrainedConfig
+
+        from rove.hf.pretrained import MODEL_TYPE, STATE_KEY, from_pretrained
+
+        folder = Path(path)
+        if pos is not None and pos not in POSITIONS:
+            raise ValueError(f"unknown pos {pos!r}; choose one of {POSITIONS}")
+        if not (folder / "config.json").is_file():
+            what = "is not a Hugging Face model folder (no config.json)"
+            raise ValueError(f"{folder} {what if folder.is_dir() else 'does not exist'}")
+        saved = PretrainedConfig.get_config_dict(str(folder))[0]
+        model_type = saved.get("model_type")
+        if model_type == MODEL_TYPE:
+            model_type = (saved.get(STATE_KEY) or {}).get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"{folder}: model_type {model_type!r} is not one rove.hf.convert supports "
+                f"({', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        model = from_pretrained(folder, pos=pos, dtype=dtype)
+        length = block_size if block_size is not None else model.config.max_position_embeddings
+        return cls(model, length)
+
+    @classmethod
+    def from_config(cls, config: HFModelConfig) -> HFCausalLM:
+        """The same architecture with fresh weights (float32), converted to ``config.pos``:
+        what a checkpoint restore builds before loading the weights."""
+        from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+        hf_config = CONFIG_MAPPING[config.model_type].from_dict(config.hf_config)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        return cls(convert(model, config.pos), config.block_size)  # type: ignore[arg-type]
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``(B, T, V)``, or with ``targets`` ``(B, T)`` the mean cross-entropy (-1 ignored)."""
+        logits = self.hf(input_ids=_checked(idx), use_cache=False).logits
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+
+    def token_nll(
+        self, idx: torch.Tensor, targets: torch.Tensor, *, chunk_size: int = 1024
+    ) -> torch.Tensor:
+        """Per-token cross-entropy ``(B, T)`` in float32 (0 where ``targets == -1``).
+
+        The LM head runs on ``chunk_size`` positions at a time, so long-context evaluation of a
+        large vocabulary never holds ``(B, T, V)`` logits.
+        """
+        hf = self.hf.get_base_model() if hasattr(self.hf, "get_base_model") else self.hf  # PEFT
+        h = hf.base_model(input_ids=_checked(idx), use_cache=False).last_hidden_state
+        head = hf.get_output_embeddings()
+        scale = getattr(self.hf.config, "logits_scaling", 1.0)  # Granite divides its logits
+        out = torch.empty(targets.shape, dtype=torch.float32, device=h.device)
+        for s in range(0, h.shape[1], chunk_size):
+            logits = head(h[:, s : s + chunk_size]).float() / scale
+            out[:, s : s + chunk_size] = F.cross_entropy(
+                logits.transpose(1, 2), targets[:, s : s + chunk_size], ignore_index=-1,
+                reduction="none",
+            )  # fmt: skip
+        return out
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Extend ``idx`` ``(B, T)`` by exactly ``max_new_tokens`` tokens (no stop at EOS):
+        greedy at temperature 0, else sampled (optionally from the ``top_k`` most likely).
+
+        Decodes with the model's own KV cache. Dynamic NTK's length is pinned to ``T +
+        max_new_tokens`` for every step, as rove's GPT does, so the cache stays valid.
+        """
+        from rove.generate import filter_logits
+
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
+            raise TypeError(f"top_k must be an int or None, got {top_k!r}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1 (None keeps every token), got {top_k}")
+        if not math.isfinite(temperature):
+            raise ValueError(f"temperature must be finite, got {temperature}")
+        if max_new_tokens <= 0:
+            return idx
+        # transformers 5 renamed past_key_values (argument and output) to cache
+        key = (
+            "cache"
+            if "cache" in inspect.signature(self.hf.forward).parameters
+            else "past_key_values"
+        )
+        out = idx
+        with self._pinned_length(idx.shape[1] + max_new_tokens):
+            step = self.hf(input_ids=_checked(idx), use_cache=True)
+            for i in range(max_new_tokens):
+                logits = step.logits[:, -1].float()  # (B, V)
+                if temperature <= 0:
+                    nxt = logits.argmax(dim=-1, keepdim=True)
+                else:
+                    probs = torch.stack([filter_logits(row, top_k) for row in logits / temperature])
+                    nxt = torch.multinomial(probs.softmax(-1), 1, generator=generator)
+                out = torch.cat((out, nxt), dim=1)
+                if i + 1 < max_new_tokens:
+                    cache = {key: getattr(step, key)}
+                    step = self.hf(input_ids=nxt, use_cache=True, **cache)
+        return out
+
+    @contextlib.contextmanager
+    def _pinned_length(self, length: int) -> Iterator[None]:
+        """Dynamic NTK rotary modules with the frequencies of ``length`` tokens, fixed."""
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        dynamic = [m for _, _, m in _rotary_slots(self.hf) if "dynamic" in m.rope_type]
+        saved = [(m.rope_type, m.inv_freq) for m in dynamic]
+        try:
+            for m in dynamic:
+                m.inv_freq, _ = ROPE_INIT_FUNCTIONS[m.rope_type](
+                    m.config, m.inv_freq.device, seq_len=length
+                )
+                m.rope_type = "default"  # HF's dynamic update skips it
+            yield
+        finally:
+            for m, (rope_type, inv_freq) in zip(dynamic, saved, strict=True):
+                m.rope_type, m.inv_freq = rope_type, inv_freq
+
+    @contextlib.contextmanager
+    def rope_scaling(self, kind: str | None, factor: float) -> Iterator[None]:
+        """Inference-time frequency scaling relative to ``block_size`` inside the block.
+
+        ``kind`` is None (plain) or one of ``rove.rotary.SCALING_KINDS``; ``factor <= 1``
+        leaves the model unchanged. The model's rotary embedding modules are swapped for ones
+        its own class builds from a copy of its config with HF's rope type set (yarn with
+        ``original_max_position_embeddings = block_size``, linear, dynamic; ``ntk`` is plain
+        RoPE with the NTK-aware base), and put back on exit. RoVE's hooks read the model's
+        position embeddings, so V and O follow the same frequencies.
+        """
+        if kind is not None and kind not in SCALING_KINDS:
+            raise ValueError(f"unknown rope scaling {kind!r}; choose one of {SCALING_KINDS}")
+        if kind is None or factor <= 1:
+            yield
+            return
+        slots = _rotary_slots(self.hf)
+        scaled = [_scaled_rotary(m, kind, float(factor), self.block_size) for _, _, m in slots]
+        try:
+            for (parent, name, _), new in zip(slots, scaled, strict=True):
+                setattr(parent, name, new)
+            yield
+        finally:
+            for parent, name, old in slots:
+                setattr(parent, name, old)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count (tied ones once); by default without the input token embeddings."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.hf.get_input_embeddings().weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token, 6N + attention (PaLM appendix), as ``GPT.flops_per_token``.
+
+        N counts every expert of a mixture-of-experts model, so it is an upper bound there.
+        """
+        cfg = self.hf.config
+        seq_len = seq_len or self.block_size
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        width = cfg.num_attention_heads * head_dim
+        return (
+            6 * self.num_params(non_embedding=False) + 12 * cfg.num_hidden_layers * width * seq_len
+        )
+
+    def save_pretrained(self, folder: str | Path, *, tokenizer: Any | None = None) -> Path:
+        """Write the model (and an HF ``tokenizer``, when given) as a Hugging Face folder that
+        reloads as what it is: RoVE with rove's marks (:mod:`rove.hf.pretrained`), RoPE stock.
+
+        Written in a temp folder beside ``folder`` and swapped in whole, so ``folder`` holds the
+        old model or the new one, never half; it must be new, empty, or hold only the files a
+        Hugging Face save writes.
+        """
+        out = Path(folder)
+        check_replaceable(out, _saved_files(out), "Hugging Face model")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the model from other users
+            self.hf.save_pretrained(tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            for path in tmp.iterdir():
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+            fsync_dir(tmp)
+            old_files = _saved_files(out)
+            old = swap_in(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if old is not None:
+            for name in old_files:
+                (old / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # not empty: something else is there, keep it
+                old.rmdir()
+        return out
+
+
+def _saved_files(folder: Path) -> set[str]:
+    """Names of the files in ``folder`` that a Hugging Face save writes."""
+    if not folder.is_dir():
+        return set()
+    return {p.name for p in folder.iterdir() if p.is_file() and _HF_FILES.fullmatch(p.name)}
+
+
+def _checked(idx: torch.Tensor) -> torch.Tensor:
+    if idx.ndim != 2 or idx.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"idx must be an integer tensor (batch, seq), got {idx.dtype} {tuple(idx.shape)}"
+        )
+    return idx

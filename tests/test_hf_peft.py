@@ -1,0 +1,184 @@
+"""PEFT LoRA on converted models (issue 24) and adapter-only saves that stay RoVE (issue 22).
+
+Runs where ``peft`` is installed (the ``dev`` extra); tiny random models as in test_hf_convert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+import rove  # noqa: E402
+import rove.hf  # noqa: E402
+from rove.hf.adapter import ADAPTER_CONFIG, load_adapter, save_adapter  # noqa: E402
+from rove.hf.causal_lm import HFCausalLM  # noqa: E402
+from test_hf_convert import VOCAB, tiny_model  # noqa: E402
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def lora(model, *, init: bool = True):
+    """``model`` with LoRA on its attention projections; ``init=False``: random, nonzero B."""
+    config = peft.LoraConfig(target_modules=ATTENTION, r=4, init_lora_weights=init)
+    torch.manual_seed(1)
+    return peft.get_peft_model(model, config)
+
+
+def ids(seq: int = 12) -> torch.Tensor:
+    return torch.randint(1, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
+
+
+def logits(model, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=x).logits
+
+
+def test_lora_keeps_a_converted_model_rove():
+    x = ids()
+    stock, converted = tiny_model("llama"), rove.hf.convert(tiny_model("llama"))
+    want = logits(converted, x)
+    wrapped = lora(converted)  # B = 0: the function is unchanged
+    assert rove.hf.current_pos(wrapped) == "rove"
+    assert torch.equal(logits(wrapped, x), want)
+    assert not torch.allclose(logits(wrapped, x), logits(stock, x))
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_lora_paths_are_rotated_with_the_values(when):
+    """A LoRA layer around v_proj adds to the values, around o_proj reads the attention
+    output: RoVE must rotate both paths, i.e. equal the converted model with LoRA merged in.
+    (With the hooks left on the wrapped layers, the LoRA paths ran unrotated.)"""
+    x = ids()
+    if when == "before":
+        wrapped = lora(rove.hf.convert(tiny_model("llama")), init=False)
+    else:  # converting the PEFT model itself
+        wrapped = rove.hf.convert(lora(tiny_model("llama"), init=False), "rove")
+    assert rove.hf.current_pos(wrapped) == "rove"
+    got = logits(wrapped, x)
+    merged = wrapped.merge_and_unload()  # plain linear layers, the LoRA update folded in
+    assert rove.hf.current_pos(merged) == "rove"
+    torch.testing.assert_close(got, logits(merged, x), rtol=1e-10, atol=1e-10)
+    plain = tiny_model("llama")
+    plain.load_state_dict(merged.state_dict())
+    assert not torch.allclose(got, logits(plain, x))  # RoPE with the same weights differs
+    torch.testing.assert_close(got, logits(rove.hf.convert(plain), x), rtol=1e-10, atol=1e-10)
+
+
+def test_a_lora_step_trains_only_lora_and_keeps_the_hooks():
+    x = ids(16)
+    wrapped = lora(rove.hf.convert(tiny_model("llama", dtype=torch.float32)))
+    before = {n: p.detach().clone() for n, p in wrapped.named_parameters()}
+    trainable = {n for n, p in wrapped.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    optimizer = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(3):
+        loss = wrapped(input_ids=x, labels=x).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    changed = {n for n, p in wrapped.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == trainable
+    # the trained model is still RoVE: merged and converted back to RoPE, it differs
+    got = logits(wrapped, x)
+    merged = wrapped.merge_and_unload()
+    torch.testing.assert_close(got, logits(merged, x), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, logits(rove.hf.convert(merged, "rope"), x), atol=1e-4)
+
+
+def test_the_model_surface_over_a_lora_model():
+    x, y = ids(), ids()
+    wrapped = lora(rove.hf.convert(tiny_model("qwen2")), init=False)
+    lm = HFCausalLM(wrapped, 8)
+    assert lm.config.pos == "rove"
+    want = logits(wrapped, x)
+    with torch.no_grad():
+        assert torch.equal(lm(x), want)
+        nll = lm.token_nll(x, y)
+    ref = torch.nn.functional.cross_entropy(want.transpose(1, 2), y, reduction="none")
+    torch.testing.assert_close(nll, ref.float())
+
+
+def test_save_adapter_records_the_pos_and_load_adapter_restores_it(tmp_path):
+    x = ids()
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    base = rove.hf.from_pretrained(tmp_path / "base", pos="rove", dtype=torch.float64)
+    wrapped = lora(base, init=False)
+    want = logits(wrapped, x)
+    save_adapter(wrapped, tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / ADAPTER_CONFIG).read_text())
+    assert config["rove"] == {"pos": "rove", "model_type": "llama"}
+    assert not (tmp_path / "adapter" / "config.json").exists()  # adapter only
+    loaded = load_adapter(tmp_path / "adapter", dtype=torch.float64)
+    assert rove.hf.current_pos(loaded) == "rove"
+    assert torch.equal(logits(loaded, x), want)
+    # the hazard it removes: stock PEFT on the stock base runs the adapter as RoPE
+    with pytest.warns(UserWarning, match="'rove'"):
+        stock = peft.PeftModel.from_pretrained(
+            tiny_model("llama").__class__.from_pretrained(tmp_path / "base", dtype=torch.float64),
+            str(tmp_path / "adapter"),
+        )
+    assert not torch.allclose(logits(stock, x), want)
+
+
+def test_adapter_refusals(tmp_path):
+    with pytest.raises(ValueError, match="is not a PEFT model"):
+        save_adapter(tiny_model("llama"), tmp_path / "a")
+    with pytest.raises(ValueError, match="not a PEFT adapter folder"):
+        load_adapter(tmp_path)
+    save_adapter(lora(rove.hf.convert(tiny_model("llama"))), tmp_path / "a")
+    with pytest.raises(ValueError, match="trained on a llama model, the base given is 'qwen2'"):
+        load_adapter(tmp_path / "a", base=tiny_model("qwen2"))
+    path = tmp_path / "a" / ADAPTER_CONFIG
+    path.write_text(json.dumps({**json.loads(path.read_text()), "rove": {"pos": "alibi"}}))
+    with pytest.raises(ValueError, match="bad 'rove' entry"):
+        load_adapter(tmp_path / "a", base=tiny_model("llama"))
+
+
+FRESH_PROCESS = textwrap.dedent(
+    """
+    import sys, torch
+    from rove.hf import current_pos, load_adapter
+    root = sys.argv[1]
+    model = load_adapter(f"{root}/adapter")
+    assert current_pos(model) == "rove"
+    with torch.no_grad():
+        got = model(input_ids=torch.load(f"{root}/ids.pt")).logits
+    assert torch.equal(got, torch.load(f"{root}/want.pt"))
+    print("ok")
+    """
+)
+
+
+@pytest.mark.slow  # a second Python importing torch, transformers and peft
+def test_adapter_round_trip_in_a_fresh_process(tmp_path):
+    x = ids()
+    torch.save(x, tmp_path / "ids.pt")
+    tiny_model("qwen3", dtype=torch.float32).save_pretrained(tmp_path / "base")
+    wrapped = lora(rove.hf.from_pretrained(tmp_path / "base", pos="rove"), init=False)
+    torch.save(logits(wrapped, x), tmp_path / "want.pt")
+    save_adapter(wrapped, tmp_path / "adapter")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(rove.__file__).parents[1]), *sys.path])
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["ok"]
