@@ -9,7 +9,8 @@
 # holds transformers at pyproject's floor with the tokenizers and huggingface_hub it needs, and
 # borrows torch and the rest from DEV_PYTHON's site-packages (listed after its own, so its pins
 # win); it loads every folder with stock AutoModelForCausalLM / AutoTokenizer and compares
-# logits, token ids, left padding and batched generation (... check). Exit 0 when all agree.
+# logits, token ids, left padding and batched generation (... check), then runs the tests of
+# exports, generation and HF models in rove's loop under it. Exit 0 when all agree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEV_PYTHON=${1:-.venv/bin/python}
@@ -35,3 +36,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFO
 export HF_MODULES_CACHE="$WORK/modules"
 "$DEV_PYTHON" scripts/check_transformers_floor.py write "$WORK"
 "$VENV/bin/python" scripts/check_transformers_floor.py check "$WORK" < /dev/null
+# and what rove does with transformers itself (exports, generation, HF models in rove's loop),
+# run by the floor (pytest from DEV_PYTHON's site-packages)
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_hf_export.py tests/test_generate.py \
+    tests/test_hf_causal_lm.py tests/test_finetune_hf.py

@@ -31,6 +31,7 @@ from torch import nn
 
 from rove.atomic import check_replaceable, fsync_dir, swap_in
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, HFPos, convert, current_pos
+from rove.hf.model_card import is_rove_card
 from rove.rotary import SCALING_KINDS
 
 __all__ = ["POSITIONS", "HFCausalLM", "HFModelConfig"]
@@ -446,10 +447,15 @@ class HFCausalLM(nn.Module):
 
 
 def _saved_files(folder: Path) -> set[str]:
-    """Names of the files in ``folder`` that a Hugging Face save writes."""
+    """Names of the files in ``folder`` that a Hugging Face save writes, rove's model card
+    included (a user's README.md is not one)."""
     if not folder.is_dir():
         return set()
-    return {p.name for p in folder.iterdir() if p.is_file() and _HF_FILES.fullmatch(p.name)}
+    return {
+        p.name
+        for p in folder.iterdir()
+        if p.is_file() and (_HF_FILES.fullmatch(p.name) or is_rove_card(p))
+    }
 
 
 def _checked(idx: torch.Tensor) -> torch.Tensor:

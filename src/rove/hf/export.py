@@ -335,6 +335,11 @@ def _export_files(folder: Path) -> set[str] | None:
 
 def _check_target(out: Path) -> None:
     """Refuse to write ``out`` in or over a run folder, or over files rove did not write."""
+    _check_outside_runs(out)
+    check_replaceable(out, _export_files(out), "export")
+
+
+def _check_outside_runs(out: Path) -> None:
     for folder in (out, *out.parents):  # what training writes, whatever the recipe's name
         if (folder / run_files.CHECKPOINTS / run_files.LATEST).exists() or any(
             (folder / name).is_file() for name in (run_files.METRICS, run_files.SUMMARY)
@@ -344,7 +349,6 @@ def _check_target(out: Path) -> None:
                 f"{out} {where} a run folder; rove export never writes into a run folder: "
                 "choose a folder outside it"
             )
-    check_replaceable(out, _export_files(out), "export")
 
 
 def export_run(
@@ -354,15 +358,53 @@ def export_run(
     remote_code: bool = False,
     max_positions: int | None = None,
 ) -> Path:
-    """Export the latest checkpoint of a run folder (or a checkpoint folder) with its tokenizer."""
-    from rove.checkpoint import load_model
-    from rove.data import checkpoint_tokenizer
+    """Export the latest checkpoint of a run folder (or a checkpoint folder) with its tokenizer.
 
-    model, meta = load_model(run_dir)
+    A finetuned Hugging Face model (``rove finetune``) is saved as its own architecture, RoVE
+    marked as such (:meth:`~rove.hf.causal_lm.HFCausalLM.save_pretrained`), beside the files of
+    the tokenizer it was trained with, copied as they are; ``remote_code`` and
+    ``max_positions`` concern rove's GPT only.
+    """
+    from rove.checkpoint import load_any_model
+    from rove.data import checkpoint_tokenizer
+    from rove.hf.causal_lm import HFCausalLM
+
+    model, meta = load_any_model(run_dir)
     tokenizer = checkpoint_tokenizer(meta, f"checkpoint {run_dir}")
+    if isinstance(model, HFCausalLM):
+        _check_outside_runs(Path(out_dir))
+        files = _TokenizerFiles(Path(getattr(tokenizer, "path", "")).parent)
+        with no_progress_bars():
+            return model.save_pretrained(out_dir, tokenizer=files)
     return export_model(
         model, out_dir, tokenizer, remote_code=remote_code, max_positions=max_positions
     )
+
+
+class _TokenizerFiles:
+    """The files of a Hugging Face tokenizer's folder, saved by copying them unchanged: the
+    model's own tokenizer (chat template and special tokens included) goes with it."""
+
+    NAMES = (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "chat_template.jinja",
+        "tokenizer.model",
+        "vocab.json",
+        "merges.txt",
+    )
+
+    def __init__(self, folder: Path) -> None:
+        if not (folder / "tokenizer.json").is_file():
+            raise ValueError(f"{folder}: no tokenizer.json to export with the model")
+        self.folder = folder
+
+    def save_pretrained(self, out: str | Path) -> None:
+        for name in self.NAMES:
+            if (self.folder / name).is_file():
+                shutil.copyfile(self.folder / name, Path(out) / name)
 
 
 def load_exported(path: str | Path, **kwargs: Any) -> Any:

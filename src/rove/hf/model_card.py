@@ -36,16 +36,19 @@ NO_REMOTE_CODE = (
 )
 
 
+def is_rove_card(card: Path) -> bool:
+    """Whether ``card`` is a model card rove wrote (and may rewrite or replace)."""
+    try:
+        return card.is_file() and MARK in card.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _write(folder: Path, body: str) -> None:
     """Write the card unless ``folder`` holds a README.md that is not rove's."""
     card = folder / CARD_NAME
-    if card.exists():
-        try:
-            ours = MARK in card.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            ours = False
-        if not ours:
-            return
+    if card.exists() and not is_rove_card(card):
+        return
     write_text_atomic(card, f"{FRONT_MATTER}{MARK}\n\n{body.strip()}\n")
 
 

@@ -1,0 +1,168 @@
+"""``rove finetune`` on a Hugging Face folder: a tiny local Llama, continued as RoPE and as RoVE.
+
+Offline: the model is random, its tokenizer is rove's byte tokenizer in Hugging Face form, and
+the data are the embedded stdlib corpus tokenized with it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rove import run_files
+from rove.checkpoint import CheckpointError, load_any_model, load_checkpoint, load_model
+from rove.data import TokenLoader, get_tokenizer, prepare_dataset
+from rove.train import TrainConfig, train
+from rove.train.metrics import read_metrics
+from rove.train.source import build_source_model, read_source
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A random 2-layer Llama with rove's byte tokenizer as its tokenizer.json."""
+    from rove.hf.tokenizer import save_hf_tokenizer
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
+    config = transformers.LlamaConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    save_hf_tokenizer(get_tokenizer("byte"), folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data_dir(llama, tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "stdlib-llama"
+    return prepare_dataset(
+        "stdlib", out, f"hf:{llama}", max_tokens=200_000, workers=1, progress=False
+    )
+
+
+def finetune(llama, data_dir, out_dir, **kw) -> TrainConfig:
+    fields = dict(
+        init_from=str(llama), data_dir=str(data_dir), out_dir=str(out_dir), seq_len=64,
+        micro_batch=8, tokens_per_step=512, max_steps=8, eval_tokens=1024, lr=3e-3,
+        dtype="fp32",
+    )  # fmt: skip
+    return TrainConfig(**{**fields, **kw})
+
+
+def test_the_arms_start_as_the_stock_model_and_as_its_conversion(llama):
+    import rove.hf
+
+    stock = transformers.AutoModelForCausalLM.from_pretrained(llama).eval()
+    converted = rove.hf.convert(transformers.AutoModelForCausalLM.from_pretrained(llama).eval())
+    source = read_source(llama)
+    assert (source.kind, source.pos, source.name) == ("hf", "rope", "tiny-llama")
+    idx = torch.randint(0, 320, (2, 40))
+    with torch.no_grad():
+        rope = build_source_model(source, pos="rope", block_size=64).eval()
+        rove = build_source_model(source, pos="rove", block_size=64).eval()
+        torch.testing.assert_close(rope(idx), stock(idx).logits, rtol=0, atol=0)
+        torch.testing.assert_close(rove(idx), converted(idx).logits, rtol=0, atol=0)
+        assert not torch.allclose(rove(idx), rope(idx), atol=1e-4)
+
+
+def test_both_arms_train_evaluate_and_the_rove_arm_saves_as_rove(llama, data_dir, tmp_path):
+    from rove.eval.suite import EvalConfig, evaluate_checkpoint
+    from rove.hf.export import export_run
+
+    curves = {}
+    for pos in ("rope", "rove"):
+        run_dir = train(finetune(llama, data_dir, tmp_path, pos=pos), progress=False)
+        assert run_dir.name == f"tiny-llama-{pos}-seed0"
+        curves[pos] = {r["step"]: r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r}
+        assert sorted(curves[pos]) == list(range(9))  # validation every tenth, at least 1 step
+    assert curves["rove"][0] != curves["rope"][0]
+    for pos, curve in curves.items():
+        assert curve[8] < curve[0], pos
+
+    run_dir = tmp_path / "tiny-llama-rove-seed0"
+    record = evaluate_checkpoint(
+        run_dir, EvalConfig(ppl_tokens=1024, ppl_multiples=[1, 2], ruler=False, icl=False),
+        progress=False,
+    )  # fmt: skip
+    assert record["pos"] == "rove" and record["step"] == 8
+    with pytest.raises(CheckpointError, match="Hugging Face model .*rove export"):
+        load_model(run_dir)  # a rove GPT is what generate/analyze need
+
+    model, _ = load_any_model(run_dir)
+    out = export_run(run_dir, tmp_path / "export")
+    idx = torch.randint(0, 257, (1, 30))
+    torch.save({"idx": idx}, tmp_path / "idx.pt")
+    script = (
+        "import sys, torch, rove.hf\n"
+        "from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast\n"
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()\n"
+        "print(rove.hf.current_pos(m))\n"
+        "print(PreTrainedTokenizerFast.from_pretrained(sys.argv[1]).encode('hi'))\n"
+        "idx = torch.load(sys.argv[2])['idx']\n"
+        "torch.save(m(idx).logits, sys.argv[3])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(out), str(tmp_path / "idx.pt"), str(tmp_path / "y.pt")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    pos, ids = done.stdout.strip().splitlines()[-2:]
+    assert pos == "rove" and json.loads(ids) == get_tokenizer("byte").encode("hi")
+    with torch.no_grad():
+        torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(idx), rtol=0, atol=1e-5)
+
+
+def test_an_interrupted_hf_finetune_resumes_bit_for_bit(llama, data_dir, tmp_path, monkeypatch):
+    full = train(finetune(llama, data_dir, tmp_path / "full", checkpoint_interval=3), progress=False)
+
+    class Preempted(Exception):
+        pass
+
+    real_next, calls = TokenLoader.next_batch, {"train": 0}
+
+    def preempt_in_step_5(self):
+        if self.split == "train":
+            calls["train"] += 1
+            if calls["train"] == 5:
+                raise Preempted
+        return real_next(self)
+
+    cut_cfg = finetune(llama, data_dir, tmp_path / "cut", checkpoint_interval=3)
+    monkeypatch.setattr(TokenLoader, "next_batch", preempt_in_step_5)
+    with pytest.raises(Preempted):
+        train(cut_cfg, progress=False)
+    monkeypatch.setattr(TokenLoader, "next_batch", real_next)
+    resumed = train(cut_cfg, progress=False, resume=True)
+
+    def without_timing(records):
+        return [{k: v for k, v in r.items() if k not in ("dt_ms", "tok_per_s")} for r in records]
+
+    assert without_timing(read_metrics(resumed)) == without_timing(read_metrics(full))
+    a, b = load_checkpoint(full), load_checkpoint(resumed)
+    for name, tensor in a.model_state.items():
+        assert torch.equal(tensor, b.model_state[name]), name
+
+
+def test_data_in_another_tokenizer_are_refused_before_any_work(llama, tmp_path, monkeypatch):
+    byte_data = prepare_dataset(
+        "stdlib", tmp_path / "byte", "byte", max_tokens=50_000, workers=1, progress=False
+    )
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig(init_from=str(llama), data_dir=str(byte_data), max_steps=2, out_dir="out")
+    with pytest.raises(ValueError, match=f"model {llama}"):
+        train(cfg, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_data_a_model_trains_on_the_embedded_corpus_in_its_own_tokenizer(llama):
+    cfg = TrainConfig(init_from=str(llama), max_steps=2).resolve()
+    assert cfg.tokenizer == f"hf:{llama.resolve()}" and cfg.data == "stdlib"
+    assert json.loads((llama / "config.json").read_text())["model_type"] == "llama"
+    assert run_files.RECIPE not in {p.name for p in llama.iterdir()}
