@@ -93,7 +93,7 @@ def test_both_arms_train_evaluate_and_the_rove_arm_saves_as_rove(llama, data_dir
         progress=False,
     )  # fmt: skip
     assert record["pos"] == "rove" and record["step"] == 8
-    with pytest.raises(CheckpointError, match="Hugging Face model .*rove export"):
+    with pytest.raises(CheckpointError, match=r"Hugging Face model .*rove export"):
         load_model(run_dir)  # a rove GPT is what generate/analyze need
 
     model, _ = load_any_model(run_dir)
@@ -120,7 +120,9 @@ def test_both_arms_train_evaluate_and_the_rove_arm_saves_as_rove(llama, data_dir
 
 
 def test_an_interrupted_hf_finetune_resumes_bit_for_bit(llama, data_dir, tmp_path, monkeypatch):
-    full = train(finetune(llama, data_dir, tmp_path / "full", checkpoint_interval=3), progress=False)
+    full = train(
+        finetune(llama, data_dir, tmp_path / "full", checkpoint_interval=3), progress=False
+    )
 
     class Preempted(Exception):
         pass

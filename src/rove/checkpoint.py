@@ -516,9 +516,7 @@ def restore_model(model: Model, ckpt: Checkpoint) -> None:
             raise CheckpointError(f"{where}: {alias} is stored as {source}, but not tied in model")
 
 
-def load_any_model(
-    path: str | Path, device: str | torch.device = "cpu"
-) -> tuple[Model, dict]:
+def load_any_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Model, dict]:
     """The model of a checkpoint (or run folder) in eval mode, whatever its class: rove's
     ``GPT``, or a finetuned Hugging Face model as :class:`rove.hf.causal_lm.HFCausalLM`. And the
     checkpoint's meta: ``model_config`` and ``train_config`` (dicts), ``tokenizer`` (identity

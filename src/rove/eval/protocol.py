@@ -28,10 +28,15 @@ __all__ = ["LanguageModel", "ModelConfig", "TextCodec"]
 
 @runtime_checkable
 class ModelConfig(Protocol):
-    """The two configuration fields the evaluations read."""
+    """The two configuration fields the evaluations read (read only: a frozen config is one)."""
 
-    block_size: int  # training context length
-    vocab_size: int
+    @property
+    def block_size(self) -> int:
+        """The training context length."""
+        ...
+
+    @property
+    def vocab_size(self) -> int: ...
 
 
 @runtime_checkable

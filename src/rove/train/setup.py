@@ -222,7 +222,7 @@ class Run:
     peak_flops: float | None  # None: MFU is not reported
     started: float  # perf_counter() when the call began: wall time and log lines count from it
 
-    def cpu_twin(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    def cpu_twin(self) -> tuple[GPT | HFCausalLM, torch.optim.Optimizer]:
         """An unsharded CPU model and optimizer: FSDP state is gathered into it to be saved."""
         twin = model_from_config(self.model_cfg.to_dict())
         return twin, configure_optimizer(twin, self.cfg, torch.device("cpu"))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -30,6 +30,7 @@ from rove.model import GPT, GPTConfig
 
 if TYPE_CHECKING:
     from rove.hf.causal_lm import HFCausalLM
+    from rove.hf.conversion import HFPos
 
 __all__ = ["SourceModel", "build_source_model", "model_from_config", "read_source"]
 
@@ -146,7 +147,8 @@ def build_source_model(
     if source.kind == "hf":
         from rove.hf.causal_lm import HFCausalLM
 
-        return HFCausalLM.from_folder(source.path, pos=pos, block_size=block_size).to(device)
+        arm = cast("HFPos", pos)  # checked by TrainConfig: one of ROTARY_POS
+        return HFCausalLM.from_folder(source.path, pos=arm, block_size=block_size).to(device)
     from rove.checkpoint import load_checkpoint, restore_model
 
     ckpt = load_checkpoint(source.path, device="cpu", optimizer=False)
