@@ -29,11 +29,12 @@ from rove.train.cli import build_parser as train_parser
 from rove.train.cli import config_from_args as train_config_from_args
 from rove.train.config import TrainConfig
 
-# fields set through another flag: TrainConfig's through --model/--n-kv-head/... and --log,
+# fields set through another flag: TrainConfig's through --model/--n-kv-head/... and --log (and
+# init_from as `rove finetune`'s MODEL, or a --config file),
 # EvalConfig's qa_paths through --squad/--hotpotqa, CompareConfig's train and eval one of their
 # fields at a time through --train / --eval KEY=VALUE (and --core-bundle)
 VIA_OTHER_FLAGS = {
-    TrainConfig: {"model_overrides", "loggers"},
+    TrainConfig: {"model_overrides", "loggers", "init_from"},
     EvalConfig: {"qa_paths"},
     CompareConfig: {"train", "eval"},
 }
