@@ -17,7 +17,6 @@ import contextlib
 import copy
 import json
 import logging
-import math
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import torch
 
 from rove.precision import resolve_device
 from rove.rotary import SCALING_KINDS
+from rove.sampling import filter_logits, sample_next
 from rove.terminal import (
     USER_ERRORS,
     DefaultsFormatter,
@@ -58,46 +58,6 @@ DEFAULT_MAX_TOKENS = 200  # a run folder's default, and an export's when its con
 DEFAULT_TEMPERATURE = 0.8  # a run folder's default (an export's comes from its config)
 CACHE_CHUNK = 1024  # positions a run folder's cache grows by at least
 SAMPLE_SEPARATOR = "\n---\n"  # between the samples of --num-samples
-
-
-def filter_logits(
-    logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None
-) -> torch.Tensor:
-    """``logits`` ``(V,)`` with everything outside the top-k and the top-p nucleus set to -inf.
-
-    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``.
-    """
-    if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        sorted_logits, order = torch.sort(logits, descending=True)
-        before = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1)
-        drop = torch.zeros_like(logits, dtype=torch.bool)
-        drop[order] = before >= top_p  # mass of the better tokens already reaches top_p
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> int:
-    """Next token id from ``logits`` ``(V,)``: argmax at temperature 0, else a filtered sample."""
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-    logits = logits.float()
-    if temperature == 0:
-        return int(logits.argmax())
-    probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 @dataclass(frozen=True)

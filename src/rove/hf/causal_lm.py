@@ -15,7 +15,6 @@ import contextlib
 import copy
 import inspect
 import json
-import math
 import os
 import re
 import shutil
@@ -33,6 +32,7 @@ from rove.atomic import check_replaceable, fsync_dir, swap_in
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, HFPos, convert, current_pos
 from rove.hf.model_card import is_rove_card
 from rove.rotary import SCALING_KINDS
+from rove.sampling import check_sampling, next_tokens
 
 __all__ = ["POSITIONS", "HFCausalLM", "HFModelConfig"]
 
@@ -316,14 +316,7 @@ class HFCausalLM(nn.Module):
         Decodes with the model's own KV cache. Dynamic NTK's length is pinned to ``T +
         max_new_tokens`` for every step, as rove's GPT does, so the cache stays valid.
         """
-        from rove.generate import filter_logits
-
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
-            raise TypeError(f"top_k must be an int or None, got {top_k!r}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1 (None keeps every token), got {top_k}")
-        if not math.isfinite(temperature):
-            raise ValueError(f"temperature must be finite, got {temperature}")
+        check_sampling(temperature, top_k)
         if max_new_tokens <= 0:
             return idx
         # transformers 5 renamed past_key_values (argument and output) to cache
@@ -336,12 +329,7 @@ class HFCausalLM(nn.Module):
         with self._pinned_length(idx.shape[1] + max_new_tokens):
             step = self.hf(input_ids=_checked(idx), use_cache=True)
             for i in range(max_new_tokens):
-                logits = step.logits[:, -1].float()  # (B, V)
-                if temperature <= 0:
-                    nxt = logits.argmax(dim=-1, keepdim=True)
-                else:
-                    probs = torch.stack([filter_logits(row, top_k) for row in logits / temperature])
-                    nxt = torch.multinomial(probs.softmax(-1), 1, generator=generator)
+                nxt = next_tokens(step.logits[:, -1], temperature, top_k, generator)  # (B, 1)
                 out = torch.cat((out, nxt), dim=1)
                 if i + 1 < max_new_tokens:
                     cache = {key: getattr(step, key)}

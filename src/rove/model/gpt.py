@@ -31,6 +31,7 @@ from rove.kv_cache import KVCache
 from rove.layer import RoveAttention
 from rove.model.config import GPTConfig
 from rove.rotary import SCALING_KINDS, Rotary, Scaling, Temperature
+from rove.sampling import check_sampling, next_tokens
 
 __all__ = ["GPT"]
 
@@ -262,12 +263,7 @@ class GPT(nn.Module):
         Under dynamic NTK the length is pinned to ``T + max_new_tokens`` for every step, cached
         or not: the frequencies of a forward over the final sequence, so a cache stays valid.
         """
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
-            raise TypeError(f"top_k must be an int or None, got {top_k!r}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1 (None keeps every token), got {top_k}")
-        if not math.isfinite(temperature):
-            raise ValueError(f"temperature must be finite, got {temperature}")
+        check_sampling(temperature, top_k)
         if max_new_tokens <= 0:
             return idx
         pinned = (
@@ -300,15 +296,7 @@ class GPT(nn.Module):
         out, step_input = idx, idx
         for _ in range(max_new_tokens):
             h = self.hidden(step_input if use_cache else out, cache=cache)
-            logits = self.lm_head(h[:, -1]).float()  # (B, V)
-            if temperature <= 0:
-                nxt = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            nxt = next_tokens(self.lm_head(h[:, -1]), temperature, top_k, generator)  # (B, 1)
             out = torch.cat((out, nxt), dim=1)
             step_input = nxt
         return out
