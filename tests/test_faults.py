@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from preemption import preempted_at_batch
 from rove import run_files
 from rove.checkpoint import load_checkpoint
 from rove.compare import CompareConfig, StaleRunError, run_compare
@@ -211,25 +212,10 @@ def test_sigkill_while_writing_a_checkpoint_then_resume_is_bit_exact(data_dir, t
 
 
 # ---------------------------------------------------------------------------- resume fallback
-class Preempted(Exception):
-    pass
-
-
 def interrupted_run(data_dir: Path, out_dir: Path, monkeypatch, stop_in_step: int = 11) -> Path:
     """A run that died in step ``stop_in_step`` (checkpoints of steps 8 and 10 kept)."""
-    real_next, calls = TokenLoader.next_batch, {"train": 0}
-
-    def preempt(self):
-        if self.split == "train":
-            calls["train"] += 1
-            if calls["train"] == 2 * (stop_in_step - 1) + 1:
-                raise Preempted
-        return real_next(self)
-
-    monkeypatch.setattr(TokenLoader, "next_batch", preempt)
-    with pytest.raises(Preempted):
+    with preempted_at_batch(2 * (stop_in_step - 1) + 1):  # two micro-batches a step
         train(TrainConfig(**settings(data_dir, out_dir)), progress=False)
-    monkeypatch.setattr(TokenLoader, "next_batch", real_next)
     run_dir = run_dir_of(settings(data_dir, out_dir))
     assert latest_checkpoint(run_dir).name == "step_000010"
     return run_dir

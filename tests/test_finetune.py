@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from fresh_process import run_python
+from preemption import preempted_at_batch
 from rove import run_files
 from rove.checkpoint import load_checkpoint, load_model
-from rove.data import TokenLoader, prepare_dataset
+from rove.data import prepare_dataset
 from rove.finetune import compare_config, main
 from rove.model import GPT
 from rove.train import TrainConfig, train
@@ -92,23 +92,9 @@ def test_both_arms_continue_the_source_and_lower_the_validation_loss(source, tmp
 def test_an_interrupted_finetune_resumes_bit_for_bit(source, tmp_path, monkeypatch):
     full = train(finetune(source, tmp_path / "full", checkpoint_interval=4), progress=False)
 
-    class Preempted(Exception):
-        pass
-
-    real_next, calls = TokenLoader.next_batch, {"train": 0}
-
-    def preempt_in_step_7(self):
-        if self.split == "train":
-            calls["train"] += 1
-            if calls["train"] == 7:
-                raise Preempted
-        return real_next(self)
-
     cut_cfg = finetune(source, tmp_path / "cut", checkpoint_interval=4)
-    monkeypatch.setattr(TokenLoader, "next_batch", preempt_in_step_7)
-    with pytest.raises(Preempted):
+    with preempted_at_batch(7):
         train(cut_cfg, progress=False)
-    monkeypatch.setattr(TokenLoader, "next_batch", real_next)
     # the source is not needed to resume: the run continues from its own checkpoint
     monkeypatch.setattr("rove.train.setup.build_source_model", None)
     resumed = train(cut_cfg, progress=False, resume=True)
@@ -139,11 +125,8 @@ def test_a_finetuned_rove_model_exports_and_reloads_as_rove_in_a_fresh_process(s
         "print(m.config.pos)\n"
         "torch.save(m(idx).logits, sys.argv[3])\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(out), str(tmp_path / "idx.pt"), str(tmp_path / "y.pt")],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert done.stdout.split()[-1] == "rove"
+    stdout = run_python(script, out, tmp_path / "idx.pt", tmp_path / "y.pt")
+    assert stdout.split()[-1] == "rove"
     with torch.no_grad():
         torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(idx), rtol=0, atol=1e-5)
 

@@ -7,15 +7,15 @@ the data are the embedded stdlib corpus tokenized with it.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from fresh_process import run_python
+from preemption import preempted_at_batch
 from rove import run_files
 from rove.checkpoint import CheckpointError, load_any_model, load_checkpoint, load_model
-from rove.data import TokenLoader, get_tokenizer, prepare_dataset
+from rove.data import get_tokenizer, prepare_dataset
 from rove.train import TrainConfig, train
 from rove.train.metrics import read_metrics
 from rove.train.source import build_source_model, read_source
@@ -109,11 +109,8 @@ def test_both_arms_train_evaluate_and_the_rove_arm_saves_as_rove(llama, data_dir
         "idx = torch.load(sys.argv[2])['idx']\n"
         "torch.save(m(idx).logits, sys.argv[3])\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(out), str(tmp_path / "idx.pt"), str(tmp_path / "y.pt")],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    pos, ids = done.stdout.strip().splitlines()[-2:]
+    stdout = run_python(script, out, tmp_path / "idx.pt", tmp_path / "y.pt")
+    pos, ids = stdout.strip().splitlines()[-2:]
     assert pos == "rove" and json.loads(ids) == get_tokenizer("byte").encode("hi")
     with torch.no_grad():
         torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(idx), rtol=0, atol=1e-5)
@@ -124,23 +121,9 @@ def test_an_interrupted_hf_finetune_resumes_bit_for_bit(llama, data_dir, tmp_pat
         finetune(llama, data_dir, tmp_path / "full", checkpoint_interval=3), progress=False
     )
 
-    class Preempted(Exception):
-        pass
-
-    real_next, calls = TokenLoader.next_batch, {"train": 0}
-
-    def preempt_in_step_5(self):
-        if self.split == "train":
-            calls["train"] += 1
-            if calls["train"] == 5:
-                raise Preempted
-        return real_next(self)
-
     cut_cfg = finetune(llama, data_dir, tmp_path / "cut", checkpoint_interval=3)
-    monkeypatch.setattr(TokenLoader, "next_batch", preempt_in_step_5)
-    with pytest.raises(Preempted):
+    with preempted_at_batch(5):
         train(cut_cfg, progress=False)
-    monkeypatch.setattr(TokenLoader, "next_batch", real_next)
     resumed = train(cut_cfg, progress=False, resume=True)
 
     def without_timing(records):

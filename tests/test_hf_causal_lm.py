@@ -7,15 +7,13 @@ are compared exactly.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+
+from fresh_process import run_python
 
 transformers = pytest.importorskip("transformers")
 
@@ -358,18 +356,7 @@ def test_saved_models_reload_in_a_fresh_process(tmp_path):
         lm.save_pretrained(tmp_path / pos)
         with torch.no_grad():
             torch.save(lm(x), tmp_path / f"{pos}.pt")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(rove.__file__).parents[1]), *sys.path])
-    proc = subprocess.run(
-        [sys.executable, "-c", FRESH_PROCESS, str(tmp_path), *POS],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["rope", "ok", "rove", "ok"]
+    assert run_python(FRESH_PROCESS, tmp_path, *POS).split() == ["rope", "ok", "rove", "ok"]
 
 
 def test_rove_evaluations_run_on_it():

@@ -6,14 +6,12 @@ Runs where ``peft`` is installed (the ``dev`` extra); tiny random models as in t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
+
+from fresh_process import run_python
 
 pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -170,15 +168,4 @@ def test_adapter_round_trip_in_a_fresh_process(tmp_path):
     wrapped = lora(rove.hf.from_pretrained(tmp_path / "base", pos="rove"), init=False)
     torch.save(logits(wrapped, x), tmp_path / "want.pt")
     save_adapter(wrapped, tmp_path / "adapter")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(rove.__file__).parents[1]), *sys.path])
-    proc = subprocess.run(
-        [sys.executable, "-c", FRESH_PROCESS, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["ok"]
+    assert run_python(FRESH_PROCESS, tmp_path).split() == ["ok"]

@@ -6,15 +6,13 @@ Tiny random models built from configs (no hub), as in test_hf_convert.
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
+
+from fresh_process import run_python
 
 transformers = pytest.importorskip("transformers")
 
@@ -73,19 +71,10 @@ def test_round_trip_in_a_fresh_process(tmp_path):
         assert config["rove"] == {"pos": "rove", "model_type": arch}
         assert (tmp_path / name / REMOTE_FILE.name).is_file()
         names.append(name)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(rove.__file__).parents[1]), *sys.path])
-    proc = subprocess.run(
-        [sys.executable, "-c", FRESH_PROCESS, str(tmp_path), *names],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    modules = {"HF_MODULES_CACHE": str(tmp_path / "modules")}
+    stdout = run_python(FRESH_PROCESS, tmp_path, *names, env=modules)
     # (stdout also holds transformers' "run the custom code? [y/N]" prompt, answered by EOF)
-    assert [line.split()[-2:] for line in proc.stdout.splitlines() if line.endswith(" ok")] == [
+    assert [line.split()[-2:] for line in stdout.splitlines() if line.endswith(" ok")] == [
         [name, "ok"] for name in names
     ]
 

@@ -10,8 +10,9 @@ import json
 import pytest
 import torch
 
+from preemption import preempted_at_batch
 from rove.checkpoint import load_checkpoint
-from rove.data import TokenLoader, prepare_dataset
+from rove.data import prepare_dataset
 from rove.model import GPT
 from rove.train import NonFiniteLossError, TrainConfig, latest_checkpoint, load_model, train
 from rove.train import setup as train_setup
@@ -76,24 +77,9 @@ def test_interrupted_run_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch):
     cfg = nano(data_dir, tmp_path / "full", micro_batch=16, dtype="bf16")
     full = train(cfg, progress=False)
 
-    class Preempted(Exception):
-        pass
-
-    real_next = TokenLoader.next_batch
-    calls = {"train": 0}
-
-    def preempt_in_step_6(self):
-        if self.split == "train":
-            calls["train"] += 1
-            if calls["train"] == 11:  # first micro-batch of step 6; checkpoint at step 4
-                raise Preempted
-        return real_next(self)
-
     cut_cfg = nano(data_dir, tmp_path / "cut", micro_batch=16, dtype="bf16")
-    monkeypatch.setattr(TokenLoader, "next_batch", preempt_in_step_6)
-    with pytest.raises(Preempted):
+    with preempted_at_batch(11):  # the first micro-batch of step 6; checkpoint at step 4
         train(cut_cfg, progress=False)
-    monkeypatch.setattr(TokenLoader, "next_batch", real_next)
     cut_dir = tmp_path / "cut" / cfg.resolve().run_name
     assert latest_checkpoint(cut_dir).name == "step_000004"
     assert [r["step"] for r in read_metrics(cut_dir)][-1] == 5
