@@ -14,11 +14,11 @@ import torch
 from fresh_process import run_python
 from preemption import preempted_at_batch
 from rove import run_files
-from rove.checkpoint import CheckpointError, load_any_model, load_checkpoint, load_model
+from rove.checkpoint import CheckpointError, load_checkpoint, load_model
 from rove.data import get_tokenizer, prepare_dataset
 from rove.train import TrainConfig, train
 from rove.train.metrics import read_metrics
-from rove.train.source import build_source_model, read_source
+from rove.train.source import build_source_model, load_any_model, read_source
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -6,10 +6,11 @@ Layers, bottom up (a module belongs to the longest prefix listed):
    oracle every backend is tested against)
 1. kernels: torch and Triton rotations
 2. rotary: frequency schedules, ``Rotary``/``NDRotary`` tables
-3. attention: functional attention, KV cache, the layer, the explicit reference, group attention
+3. attention: functional attention, KV cache, the layer, the explicit reference, group attention,
+   token sampling
 4. model: GPT and checkpoint I/O (usable without importing training)
 5. data, train, eval, statistics, generation, Hugging Face
-6. workflows: compare and demo, reports, analysis, vision
+6. workflows: compare, demo and finetune, reports, analysis, vision
 7. the ``rove`` command line
 
 Every import counts, also one inside a function: a lazy import upward is still an arrow the wrong
@@ -44,6 +45,7 @@ LAYERS: dict[str, int] = {
     "rove.kv_cache": 3,
     "rove.layer": 3,
     "rove.reference": 3,
+    "rove.sampling": 3,
     "rove.group": 3,
     "rove.model": 4,
     "rove.checkpoint": 4,
@@ -54,6 +56,7 @@ LAYERS: dict[str, int] = {
     "rove.generate": 5,
     "rove.hf": 5,
     "rove.compare": 6,
+    "rove.finetune": 6,
     "rove.demo": 6,
     "rove.report": 6,
     "rove.analysis": 6,

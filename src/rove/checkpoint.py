@@ -21,7 +21,8 @@ Notable features:
 - :func:`resume_checkpoint` falls back to the newest checkpoint that loads when ``latest`` is
   missing or its target is damaged, with a warning for each one skipped.
 - ``load_model`` rebuilds a ``GPT`` from the stored config for evaluation, re-tying the
-  embedding and LM head; ``load_any_model`` also a finetuned Hugging Face model.
+  embedding and LM head (``rove.train.source.load_any_model`` also a finetuned Hugging Face
+  model).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -46,12 +47,7 @@ from safetensors.torch import load_file, save_file
 
 from rove import run_files
 from rove.atomic import fsync_dir, remove_temp_files, write_text_atomic
-from rove.model import GPT
-
-if TYPE_CHECKING:
-    from rove.hf.causal_lm import HFCausalLM
-
-    Model: TypeAlias = GPT | HFCausalLM  # what a checkpoint saves and restores
+from rove.model import GPT, GPTConfig
 
 __all__ = [
     "Checkpoint",
@@ -60,10 +56,10 @@ __all__ = [
     "capture_rng",
     "find_checkpoint",
     "latest_checkpoint",
-    "load_any_model",
     "load_checkpoint",
     "load_model",
     "remove_partial_checkpoints",
+    "restore_eval_model",
     "restore_rng",
     "resume_checkpoint",
     "save_checkpoint",
@@ -177,7 +173,7 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _model_tensors(model: Model) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _model_tensors(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(state dict with each shared tensor once, {alias: stored name})."""
     tensors: dict[str, torch.Tensor] = {}
     tied: dict[str, str] = {}
@@ -215,7 +211,7 @@ def save_checkpoint(
     root: str | Path,
     *,
     step: int,
-    model: Model,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     tokens: int,
     train_config: dict,
@@ -272,7 +268,7 @@ def _kept(root: Path) -> str:
 def _write_checkpoint(
     tmp: Path,
     step: int,
-    model: Model,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     tokens: int,
     train_config: dict,
@@ -280,6 +276,7 @@ def _write_checkpoint(
     extra: dict | None,
 ) -> None:
     """The files of a checkpoint, written and fsynced into the new folder ``tmp``."""
+    config = cast(Any, model).config  # rove's GPTConfig, or an HFCausalLM's HFModelConfig
     tensors, tied = _model_tensors(model)
     save_file(tensors, tmp / MODEL_FILE, metadata={"format": FORMAT})
     files = [MODEL_FILE]
@@ -293,8 +290,8 @@ def _write_checkpoint(
         "format_version": FORMAT_VERSION,
         "step": step,
         "tokens": tokens,
-        "train_len": model.config.block_size,
-        "model_config": model.config.to_dict(),
+        "train_len": config.block_size,
+        "model_config": config.to_dict(),
         "train_config": train_config,
         "tokenizer": tokenizer,
         "tied": tied,
@@ -499,7 +496,7 @@ def resume_checkpoint(path: str | Path, *, device: str | torch.device = "cpu") -
     )
 
 
-def restore_model(model: Model, ckpt: Checkpoint) -> None:
+def restore_model(model: torch.nn.Module, ckpt: Checkpoint) -> None:
     """Copy ``ckpt``'s weights into ``model``, checking names and that tied weights are tied."""
     where = ckpt.path / MODEL_FILE
     result = model.load_state_dict(ckpt.model_state, strict=False)
@@ -516,34 +513,31 @@ def restore_model(model: Model, ckpt: Checkpoint) -> None:
             raise CheckpointError(f"{where}: {alias} is stored as {source}, but not tied in model")
 
 
-def load_any_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Model, dict]:
-    """The model of a checkpoint (or run folder) in eval mode, whatever its class: rove's
-    ``GPT``, or a finetuned Hugging Face model as :class:`rove.hf.causal_lm.HFCausalLM`. And the
-    checkpoint's meta: ``model_config`` and ``train_config`` (dicts), ``tokenizer`` (identity
-    dict), ``train_len`` (training context), ``step``, ``tokens`` (seen in training) and
-    ``checkpoint`` (the folder read).
-    """
-    from rove.train.source import model_from_config
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
+    """A ``GPT`` in eval mode from a checkpoint (or run folder), and the checkpoint's meta.
 
+    ``meta`` holds ``model_config`` and ``train_config`` (dicts), ``tokenizer`` (identity dict),
+    ``train_len`` (training context), ``step``, ``tokens`` (seen in training) and
+    ``checkpoint`` (the folder read). A finetuned Hugging Face model is named and refused:
+    :func:`rove.train.source.load_any_model` loads either kind.
+    """
     ckpt = load_checkpoint(path, device=device, optimizer=False)
+    config = ckpt.meta["model_config"]
+    if isinstance(config, dict) and "hf_config" in config:
+        raise CheckpointError(
+            f"{ckpt.path}: holds a finetuned Hugging Face model ({config.get('model_type')}), "
+            "not a rove GPT; `rove export` it to a Hugging Face folder and use that"
+        )
     try:
-        model = model_from_config(ckpt.meta["model_config"]).to(device)
+        model = GPT(GPTConfig.from_dict(config)).to(device)
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{ckpt.path / META_FILE}: bad model_config ({err})") from None
+    return restore_eval_model(model, ckpt)
+
+
+def restore_eval_model(model: Any, ckpt: Checkpoint) -> tuple[Any, dict]:
+    """``model`` with ``ckpt``'s weights, in eval mode, and the meta callers read."""
     restore_model(model, ckpt)
     model.eval()
     meta = {k: v for k, v in ckpt.meta.items() if k not in ("files", "rng", "loader")}
     return model, dict(meta, checkpoint=str(ckpt.path))
-
-
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
-    """:func:`load_any_model` for a rove ``GPT``; a ``CheckpointError`` names any other model
-    (a finetuned Hugging Face model: export it, and use it with ``transformers``)."""
-    model, meta = load_any_model(path, device)
-    if not isinstance(model, GPT):
-        raise CheckpointError(
-            f"{meta['checkpoint']}: holds a finetuned Hugging Face model "
-            f"({meta['model_config'].get('model_type')}), not a rove GPT; `rove export` it "
-            "to a Hugging Face folder and use that"
-        )
-    return model, meta

@@ -365,9 +365,9 @@ def export_run(
     the tokenizer it was trained with, copied as they are; ``remote_code`` and
     ``max_positions`` concern rove's GPT only.
     """
-    from rove.checkpoint import load_any_model
     from rove.data import checkpoint_tokenizer
     from rove.hf.causal_lm import HFCausalLM
+    from rove.train.source import load_any_model
 
     model, meta = load_any_model(run_dir)
     tokenizer = checkpoint_tokenizer(meta, f"checkpoint {run_dir}")

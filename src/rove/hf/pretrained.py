@@ -184,16 +184,15 @@ def from_pretrained(path: str | Path, pos: HFPos | None = None, **kwargs: Any) -
     """
     from transformers import AutoModelForCausalLM, PretrainedConfig
 
-    from rove.hf.export import load_exported
-    from rove.hf.modeling_rove_gpt import RoveGPTConfig
+    from rove.hf.modeling_rove_gpt import RoveGPTForCausalLM
 
     model_type = PretrainedConfig.get_config_dict(path)[0].get("model_type")
-    if model_type == RoveGPTConfig.model_type:
+    if model_type == RoveGPTForCausalLM.config_class.model_type:
         if pos is not None:
             raise ValueError(
                 f"{path} is a rove export, whose pos is fixed; pos= converts stock models"
             )
-        return load_exported(path, **kwargs)
+        return RoveGPTForCausalLM.from_pretrained(path, **kwargs)  # as load_exported does
     if model_type == MODEL_TYPE:
         model = RoveForCausalLM.from_pretrained(path, **kwargs)
     else:

@@ -32,7 +32,13 @@ if TYPE_CHECKING:
     from rove.hf.causal_lm import HFCausalLM
     from rove.hf.conversion import HFPos
 
-__all__ = ["SourceModel", "build_source_model", "model_from_config", "read_source"]
+__all__ = [
+    "SourceModel",
+    "build_source_model",
+    "load_any_model",
+    "model_from_config",
+    "read_source",
+]
 
 SourceKind = Literal["checkpoint", "hf"]
 
@@ -165,3 +171,18 @@ def model_from_config(config: dict) -> GPT | HFCausalLM:
 
         return HFCausalLM.from_config(HFModelConfig.from_dict(config))
     return GPT(GPTConfig.from_dict(config))
+
+
+def load_any_model(
+    path: str | Path, device: str | torch.device = "cpu"
+) -> tuple[GPT | HFCausalLM, dict]:
+    """:func:`rove.checkpoint.load_model` for a model of either class: rove's GPT, or a
+    finetuned Hugging Face model as :class:`~rove.hf.causal_lm.HFCausalLM`."""
+    from rove.checkpoint import META_FILE, CheckpointError, load_checkpoint, restore_eval_model
+
+    ckpt = load_checkpoint(path, device=device, optimizer=False)
+    try:
+        model = model_from_config(ckpt.meta["model_config"]).to(device)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{ckpt.path / META_FILE}: bad model_config ({err})") from None
+    return restore_eval_model(model, ckpt)
