@@ -205,7 +205,8 @@ def _remote(model: GPT) -> Any:
     from rove.hf.modeling_rove_gpt import RoveGPTConfig, RoveGPTForCausalLM
 
     cfg = model.config
-    fields = {k: v for k, v in cfg.to_dict().items() if k not in ("dropout", "extra")}
+    skipped = ("dropout", "extra", "rope_scaling")  # rope_scaling: refused by hf_model
+    fields = {k: v for k, v in cfg.to_dict().items() if k not in skipped}
     fields["tie_word_embeddings"] = fields.pop("tie_weights")
     hf = RoveGPTForCausalLM(RoveGPTConfig(**fields))
     hf.load_state_dict(model.state_dict(), strict=True)
@@ -216,6 +217,12 @@ def _remote(model: GPT) -> Any:
 def hf_model(model: GPT, *, remote_code: bool = False, max_positions: int | None = None) -> Any:
     """The Hugging Face model computing what ``model`` computes (see the module docstring)."""
     cfg = model.config
+    if cfg.rope_scaling is not None:
+        raise ValueError(
+            f"the model was trained with {cfg.rope_scaling['type']} rotary scaling "
+            f"(rope_scaling {cfg.rope_scaling}), which neither GPT-NeoX as exported nor rove's "
+            "modeling file computes yet: use the run with rove eval / generate"
+        )
     if remote_code or cfg.pos == "rove" or (cfg.pos == "rope" and not _neox_rotary_fits(cfg)):
         hf = _remote(model)
     elif cfg.pos == "rope":
