@@ -213,16 +213,13 @@ def llama(tmp_path_factory):
 
 @pytest.mark.parametrize("pos", ["rope", "rove"])
 def test_a_scaled_hf_finetune_starts_as_its_source_under_that_inference_scaling(llama, pos):
-    from rove.hf.causal_lm import HFCausalLM
+    from rove.hf.causal_lm import HFCausalLM, trained_scaling
 
     model = HFCausalLM.from_folder(llama, pos=pos, block_size=32).eval()
     start = build_source_model(
         read_source(llama), pos=pos, block_size=64, scaling="yarn", scaling_factor=2.0
     ).eval()
-    rope = start.config.hf_config["rope_parameters"]
-    assert (rope["rope_type"], rope["factor"], rope["original_max_position_embeddings"]) == (
-        "yarn", 2.0, 32,
-    )  # fmt: skip
+    assert trained_scaling(start.config.hf_config).to_dict() == YARN_2  # in its HF config
     idx = torch.randint(0, 320, (2, 150))
     with torch.no_grad():
         with model.rope_scaling("yarn", 2.0):
@@ -240,6 +237,7 @@ def test_a_scaled_hf_finetune_starts_as_its_source_under_that_inference_scaling(
 def test_a_scaled_hf_finetune_restores_and_saves_with_its_scaling(llama, tmp_path):
     import transformers
 
+    from rove.hf.causal_lm import trained_scaling
     from rove.hf.export import export_run
 
     data = prepare_dataset(
@@ -252,10 +250,10 @@ def test_a_scaled_hf_finetune_restores_and_saves_with_its_scaling(llama, tmp_pat
     )  # fmt: skip
     run_dir = train(cfg, progress=False)
     model, meta = load_any_model(run_dir)
-    assert meta["model_config"]["hf_config"]["rope_parameters"]["rope_type"] == "yarn"
+    assert trained_scaling(meta["model_config"]["hf_config"]).to_dict() == YARN_2
     out = export_run(run_dir, tmp_path / "export")
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert reloaded.config.rope_parameters["factor"] == 2.0
+    assert trained_scaling(reloaded.config.to_dict()).to_dict() == YARN_2
     idx = torch.randint(0, 257, (1, 100))
     with torch.no_grad():
         torch.testing.assert_close(reloaded(idx).logits, model(idx), rtol=0, atol=1e-5)
