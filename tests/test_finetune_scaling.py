@@ -10,6 +10,8 @@ combines exactly (same kind) or is refused with its reason.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ import torch
 from rove.checkpoint import load_any_model, load_checkpoint, load_model
 from rove.data import TokenLoader, get_tokenizer, prepare_dataset
 from rove.finetune import main as finetune_main
-from rove.model import GPT, GPTConfig
+from rove.model import GPT, PRESETS, GPTConfig
 from rove.train import TrainConfig, train
 from rove.train.cli import main as train_main
 from rove.train.metrics import read_metrics
@@ -134,12 +136,45 @@ def test_eval_measures_the_same_kind_on_top_and_records_why_not_another(scaled_r
     assert set(record["ppl_errors"]) == {"linear@128"}
 
 
-def test_a_scaled_gpt_export_is_refused(scaled_run, tmp_path):
+def test_a_scaled_gpt_exports_and_reloads_in_a_fresh_process(scaled_run, tmp_path):
     pytest.importorskip("transformers")
-    from rove.hf.export import export_run
+    from rove.hf.export import export_model, export_run
 
-    with pytest.raises(ValueError, match="trained with yarn rotary scaling"):
-        export_run(scaled_run, tmp_path / "export")
+    rope, _ = load_model(scaled_run)  # trained, pos rope: the modeling file, not GPT-NeoX
+    # RoVE with partial rotary: YaRN's temperature still scales every logit, as rove's GPT does
+    fields = {**PRESETS["nano"], "block_size": 64, "vocab_size": 256, "rotary_dim": 8}
+    rove = GPT(GPTConfig(**fields, pos="rove", rope_scaling=YARN_2)).eval()
+    folders = [export_run(scaled_run, tmp_path / "rope"), export_model(rove, tmp_path / "rove")]
+    idx = torch.randint(0, 256, (1, 150))  # beyond the 64-token context
+    torch.save({"idx": idx}, tmp_path / "idx.pt")
+    script = (
+        "import sys, torch\n"
+        "from rove.hf.export import load_exported\n"
+        "idx = torch.load(sys.argv[1])['idx']\n"
+        "for i, folder in enumerate(sys.argv[2:]):\n"
+        "    m = load_exported(folder).eval()\n"
+        "    print(m.config.pos, type(m).__name__)\n"
+        "    torch.save(m(idx).logits, f'{sys.argv[1]}.{i}')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "idx.pt"), *map(str, folders)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.split("\n")[-3:-1] == ["rope RoveGPTForCausalLM", "rove RoveGPTForCausalLM"]
+    with torch.no_grad():
+        for i, model in enumerate((rope, rove)):
+            got = torch.load(f"{tmp_path / 'idx.pt'}.{i}")
+            torch.testing.assert_close(got, model(idx), rtol=0, atol=1e-5)
+
+
+def test_a_dynamic_ntk_gpt_export_is_refused(tmp_path):
+    pytest.importorskip("transformers")
+    from rove.hf.export import export_model
+
+    scaling = {"type": "dynamic-ntk", "factor": 2.0, "original_max_position": 32}
+    model = GPT(GPTConfig(**PRESETS["nano"], vocab_size=256, pos="rope", rope_scaling=scaling))
+    with pytest.raises(ValueError, match="dynamic-ntk rotary scaling, whose frequencies follow"):
+        export_model(model, tmp_path / "export")
     assert not (tmp_path / "export").exists()
 
 
