@@ -292,3 +292,43 @@ def test_a_scaled_hf_finetune_restores_and_saves_with_its_scaling(llama, tmp_pat
     idx = torch.randint(0, 257, (1, 100))
     with torch.no_grad():
         torch.testing.assert_close(reloaded(idx).logits, model(idx), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"type": "linear", "factor": 2.0},
+        {**YARN_2, "beta_fast": 16.0},
+        {"type": "dynamic-ntk", "factor": 2.0, "original_max_position": 32},
+        {"type": "ntk", "factor": 2.0},
+    ],
+)
+def test_an_hf_config_carries_a_scaling_that_reads_back_as_itself(spec):
+    transformers = pytest.importorskip("transformers")
+    from rove.hf.causal_lm import _apply_scaling, _rope_parameters, _stock_dict, trained_scaling
+    from rove.rotary import Scaling
+    from rove.rotary.frequencies import _ntk_base
+
+    config = transformers.LlamaConfig(
+        hidden_size=64, num_attention_heads=4, max_position_embeddings=32
+    )
+    scaling = Scaling.from_dict(spec)
+    assert scaling is not None
+    _apply_scaling(config, scaling, 16)
+    back = trained_scaling(_stock_dict(config))
+    if spec["type"] == "ntk":  # HF has no static NTK type: plain RoPE with the NTK base
+        assert back is None
+        assert _rope_parameters(config)[1] == _ntk_base(16, 1e4, 2.0)
+    else:
+        assert back is not None and back.to_dict() == spec
+
+
+def test_an_hf_rope_type_rove_cannot_name_is_refused():
+    from rove.hf.causal_lm import trained_scaling
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}
+    with pytest.raises(ValueError, match=r"rope type 'llama3' has no rove\.rotary equivalent"):
+        trained_scaling({"rope_parameters": llama3, "max_position_embeddings": 8192})
+    deepseek = {"rope_type": "yarn", "original_max_position_embeddings": 4096}
+    got = trained_scaling({"rope_parameters": deepseek, "max_position_embeddings": 16384})
+    assert got is not None and got.params["factor"] == 4.0

@@ -177,7 +177,8 @@ def trained_scaling(hf_config: dict[str, Any]) -> Scaling | None:
         )
         extra = {k: params[k] for k in _YARN_KEYS if kind == "yarn" and params.get(k) is not None}
         rove_kind = "yarn" if kind == "yarn" else "dynamic-ntk"
-        factor = params["factor"]
+        # HF's YaRN without a factor (DeepSeek) reads it as the ratio of the two contexts
+        factor = params.get("factor") or hf_config["max_position_embeddings"] / original
         return Scaling(rove_kind, {"factor": factor, "original_max_position": original, **extra})
     raise ValueError(f"rope type {kind!r} has no rove.rotary equivalent to scale further")
 
