@@ -183,3 +183,11 @@ def test_the_comparison_pairs_both_arms_on_one_recipe(source, tmp_path):
     shared = [{k: v for k, v in a.to_dict().items() if k not in ("pos", "run_name")} for a in arms]
     assert shared[0] == shared[1] and shared[0]["lr"] == 1e-3 and shared[0]["seed"] == 1
     assert not cfg.eval.icl
+
+
+def test_a_longer_context_keeps_the_tokens_per_micro_batch(source):
+    cfg = TrainConfig(init_from=str(source), seq_len=128, max_steps=4).resolve()
+    assert (cfg.micro_batch, cfg.tokens_per_step) == (8, 1024)  # the source's 32 rows of 32
+    assert cfg.grad_accum_steps() == 1
+    given = TrainConfig(init_from=str(source), seq_len=128, micro_batch=2, max_steps=4).resolve()
+    assert given.micro_batch == 2

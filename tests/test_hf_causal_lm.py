@@ -300,11 +300,11 @@ def test_dynamic_ntk_follows_each_forwards_length():
         assert torch.equal(lm(x), first)
 
 
-def test_rope_scaling_refuses_a_model_already_scaled():
+def test_rope_scaling_refuses_another_kind_on_a_model_already_scaled():
     model = tiny_model("llama", rope="yarn")
     lm = HFCausalLM(model, BLOCK)
     with (
-        pytest.raises(ValueError, match="already scales its rotary"),
+        pytest.raises(ValueError, match=r"trained with yarn rotary scaling .* not one exact"),
         lm.rope_scaling("linear", 2.0),
     ):
         pass

@@ -31,10 +31,10 @@ from torch import nn
 from rove.atomic import check_replaceable, fsync_dir, swap_in
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, HFPos, convert, current_pos
 from rove.hf.model_card import is_rove_card
-from rove.rotary import SCALING_KINDS
+from rove.rotary import SCALING_KINDS, Scaling, scaling_on_top
 from rove.sampling import check_sampling, next_tokens
 
-__all__ = ["POSITIONS", "HFCausalLM", "HFModelConfig"]
+__all__ = ["POSITIONS", "HFCausalLM", "HFModelConfig", "trained_scaling"]
 
 POSITIONS: tuple[str, ...] = ("rope", "rove")
 _MARKS = ("rove", "auto_map")  # what rove.hf.pretrained adds to a saved RoVE config
@@ -157,38 +157,76 @@ def _set_rope(config: Any, params: dict[str, Any], theta: float) -> None:
         config.rotary_emb_base = theta
 
 
-def _scaled_rotary(module: Any, kind: str, factor: float, block_size: int) -> nn.Module:
-    """A new rotary embedding module like ``module`` with ``kind`` scaling by ``factor``,
-    relative to ``block_size``: built by the model's own class from a copy of its config."""
-    config = copy.deepcopy(module.config)
-    rope, theta = _rope_parameters(config)
-    if rope["rope_type"] != "default":
-        raise ValueError(
-            f"the model already scales its rotary frequencies (rope type {rope['rope_type']!r}); "
-            "rope_scaling applies to plain RoPE only"
-        )
+# YaRN's parameters that rove.rotary and HF name alike
+_YARN_KEYS = ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")
+
+
+def trained_scaling(hf_config: dict[str, Any]) -> Scaling | None:
+    """The frequency scaling a Hugging Face config (its JSON form) builds into the model, as
+    rove's ``Scaling`` (None: plain RoPE; a static NTK scaling is plain RoPE with a larger base
+    to HF, so it reads as None). ``ValueError`` for a rope type rove has no equivalent of."""
+    params = hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return None
     if kind == "linear":
-        params: dict[str, Any] = {"rope_type": "linear", "factor": factor}
-    elif kind == "yarn":
-        params = {
-            "rope_type": "yarn",
-            "factor": factor,
-            "original_max_position_embeddings": block_size,
-        }
-    elif kind == "dynamic-ntk":  # HF measures the growth from max_position_embeddings
-        params = {"rope_type": "dynamic", "factor": factor}
-        config.max_position_embeddings = block_size
-    elif kind == "ntk":  # HF has no static NTK type: it is plain RoPE with a larger base
+        return Scaling("linear", {"factor": params["factor"]})
+    if kind in ("yarn", "dynamic"):
+        original = params.get("original_max_position_embeddings") or hf_config.get(
+            "max_position_embeddings"
+        )
+        extra = {k: params[k] for k in _YARN_KEYS if kind == "yarn" and params.get(k) is not None}
+        rove_kind = "yarn" if kind == "yarn" else "dynamic-ntk"
+        # HF's YaRN without a factor (DeepSeek) reads it as the ratio of the two contexts
+        factor = params.get("factor") or hf_config["max_position_embeddings"] / original
+        return Scaling(rove_kind, {"factor": factor, "original_max_position": original, **extra})
+    raise ValueError(f"rope type {kind!r} has no rove.rotary equivalent to scale further")
+
+
+def _hf_rope(scaling: Scaling, rotary_dim: int, theta: float) -> tuple[dict[str, Any], float]:
+    """HF's rope parameters and base theta for ``scaling`` of a model with base ``theta``."""
+    p: dict[str, Any] = dict(scaling.params)
+    factor = p.pop("factor")
+    if scaling.kind == "linear":
+        return {"rope_type": "linear", "factor": factor}, theta
+    if scaling.kind == "yarn":
+        original = p.pop("original_max_position")
+        rope = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}
+        return {**rope, **p}, theta
+    if scaling.kind == "dynamic-ntk":  # HF measures the growth from max_position_embeddings
+        return {"rope_type": "dynamic", "factor": factor}, theta
+    if scaling.kind == "ntk":  # HF has no static NTK type: it is plain RoPE with a larger base
         from rove.rotary.frequencies import _ntk_base
 
-        rotary_dim = 2 * module.inv_freq.numel()
-        params, theta = {"rope_type": "default"}, _ntk_base(rotary_dim, theta, factor)
-    else:
-        raise ValueError(f"unknown rope scaling {kind!r}; choose one of {SCALING_KINDS}")
+        return {"rope_type": "default"}, _ntk_base(rotary_dim, theta, factor)
+    raise ValueError(f"unknown rope scaling {scaling.kind!r}; choose one of {SCALING_KINDS}")
+
+
+def _apply_scaling(config: Any, scaling: Scaling, rotary_dim: int) -> None:
+    """Write ``scaling`` into the HF ``config`` (on top of its plain base theta). Its
+    ``max_position_embeddings`` becomes the scaled context (HF's reading of YaRN's factor; dynamic
+    NTK's original context), so every transformers version computes the same frequencies."""
+    rope, theta = _rope_parameters(config)
+    if rope["rope_type"] != "default":  # scaling_on_top already holds it: restart from plain
+        rope = {k: v for k, v in rope.items() if k in ("rope_theta", "partial_rotary_factor")}
+        if getattr(config, "rope_parameters", None) is not None:
+            config.rope_parameters = rope
+    params, theta = _hf_rope(scaling, rotary_dim, theta)
     _set_rope(config, params, theta)
+    original = scaling.params.get("original_max_position")
+    if scaling.kind == "yarn":
+        config.max_position_embeddings = round(original * scaling.params["factor"])  # type: ignore[operator]
+    elif scaling.kind == "dynamic-ntk":
+        config.max_position_embeddings = original
+
+
+def _scaled_rotary(module: Any, scaling: Scaling) -> nn.Module:
+    """A new rotary embedding module like ``module`` computing ``scaling``: built by the model's
+    own class from a copy of its config."""
+    config = copy.deepcopy(module.config)
+    _apply_scaling(config, scaling, 2 * module.inv_freq.numel())
     scaled = type(module)(config).to(module.inv_freq.device)
-    if kind == "dynamic-ntk":
-        scaled.register_forward_pre_hook(_follow_length)
+    scaled.register_forward_pre_hook(_follow_length)
     return scaled
 
 
@@ -362,16 +400,20 @@ class HFCausalLM(nn.Module):
         leaves the model unchanged. The model's rotary embedding modules are swapped for ones
         its own class builds from a copy of its config with HF's rope type set (yarn with
         ``original_max_position_embeddings = block_size``, linear, dynamic; ``ntk`` is plain
-        RoPE with the NTK-aware base), and put back on exit. RoVE's hooks read the model's
-        position embeddings, so V and O follow the same frequencies.
+        RoPE with the NTK-aware base), and put back on exit. On a model trained with a scaling
+        the two combine as rove's GPT combines them (``rove.rotary.scaling_on_top``), or raise
+        ``ValueError``. RoVE's hooks read the model's position embeddings, so V and O follow
+        the same frequencies.
         """
         if kind is not None and kind not in SCALING_KINDS:
             raise ValueError(f"unknown rope scaling {kind!r}; choose one of {SCALING_KINDS}")
         if kind is None or factor <= 1:
             yield
             return
+        trained = trained_scaling(_stock_dict(self.hf.config))
+        scaling = scaling_on_top(trained, kind, float(factor), self.block_size)
         slots = _rotary_slots(self.hf)
-        scaled = [_scaled_rotary(m, kind, float(factor), self.block_size) for _, _, m in slots]
+        scaled = [_scaled_rotary(m, scaling) for _, _, m in slots]
         try:
             for (parent, name, _), new in zip(slots, scaled, strict=True):
                 setattr(parent, name, new)
@@ -379,6 +421,19 @@ class HFCausalLM(nn.Module):
         finally:
             for parent, name, old in slots:
                 setattr(parent, name, old)
+
+    def set_scaling(self, scaling: Scaling) -> None:
+        """Make the frequency ``scaling`` part of the model (``rove finetune --scaling``): it is
+        written into the HF config, so a save reloads with it natively and :attr:`config`
+        carries it to a checkpoint, and the rotary modules are rebuilt from that config."""
+        slots = _rotary_slots(self.hf)
+        if any(module.config is not self.hf.config for _, _, module in slots):
+            raise ValueError("a rotary module has a config of its own: rove cannot scale it")
+        _apply_scaling(self.hf.config, scaling, 2 * slots[0][2].inv_freq.numel())
+        for parent, name, module in slots:
+            new = type(module)(self.hf.config).to(module.inv_freq.device)
+            new.register_forward_pre_hook(_follow_length)
+            setattr(parent, name, new)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count (tied ones once); by default without the input token embeddings."""

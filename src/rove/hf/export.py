@@ -11,10 +11,12 @@ code:
   leading ``rotary_dim`` channels (interleaved models get their Q/K channels permuted).
 
 Missing biases become zero biases, and GQA / shared K = V heads are repeated to full multi-head
-form, both of which leave the function unchanged. RoVE (and ``--remote-code`` for any ``pos``)
-uses :mod:`rove.hf.modeling_rove_gpt`, copied into the folder and loaded with
-``trust_remote_code=True``, or without remote code through :func:`rove.hf.load_exported`; a
-``README.md`` model card there says so (:mod:`rove.hf.model_card`).
+form, both of which leave the function unchanged. RoVE, a frequency scaling trained into the
+model (``rove finetune --scaling``; dynamic NTK, whose frequencies follow the length, is
+refused) and ``--remote-code`` for any ``pos`` use :mod:`rove.hf.modeling_rove_gpt`, copied
+into the folder and loaded with ``trust_remote_code=True``, or without remote code through
+:func:`rove.hf.load_exported`; a ``README.md`` model card there says so
+(:mod:`rove.hf.model_card`).
 """
 
 from __future__ import annotations
@@ -205,7 +207,12 @@ def _remote(model: GPT) -> Any:
     from rove.hf.modeling_rove_gpt import RoveGPTConfig, RoveGPTForCausalLM
 
     cfg = model.config
-    fields = {k: v for k, v in cfg.to_dict().items() if k not in ("dropout", "extra")}
+    skipped = ("dropout", "extra", "rope_scaling")  # a scaling goes as its result, below
+    fields = {k: v for k, v in cfg.to_dict().items() if k not in skipped}
+    if cfg.rope_scaling is not None:
+        assert model.rotary is not None and not model.rotary.dynamic  # hf_model checked
+        fields["rope_inv_freq"] = model.rotary.frequencies().inv_freq.tolist()
+        fields["rope_logit_scale"] = model.rotary.logit_scale
     fields["tie_word_embeddings"] = fields.pop("tie_weights")
     hf = RoveGPTForCausalLM(RoveGPTConfig(**fields))
     hf.load_state_dict(model.state_dict(), strict=True)
@@ -216,7 +223,18 @@ def _remote(model: GPT) -> Any:
 def hf_model(model: GPT, *, remote_code: bool = False, max_positions: int | None = None) -> Any:
     """The Hugging Face model computing what ``model`` computes (see the module docstring)."""
     cfg = model.config
-    if remote_code or cfg.pos == "rove" or (cfg.pos == "rope" and not _neox_rotary_fits(cfg)):
+    if model.rotary is not None and model.rotary.dynamic:
+        raise ValueError(
+            "the model was trained with dynamic-ntk rotary scaling, whose frequencies follow "
+            "the length: no exported architecture computes rove's rule for it"
+        )
+    scaled = cfg.rope_scaling is not None  # rove's modeling file computes it exactly
+    if (
+        remote_code
+        or scaled
+        or cfg.pos == "rove"
+        or (cfg.pos == "rope" and not _neox_rotary_fits(cfg))
+    ):
         hf = _remote(model)
     elif cfg.pos == "rope":
         hf = _neox(model)

@@ -9,7 +9,9 @@ those of ``rove.model.GPT``, so an export's weights are rove's state dict unchan
 The forward pass restates rove's: pre-LayerNorm blocks, tanh-GELU MLP, one fused ``[q | k | v]``
 projection (``[q | kv]`` with shared K = V), GQA, cos/sin from float64 angles, and for RoVE the
 values rotated at their own position and the attention output rotated back at the query's
-position. The HF cache therefore stores rotated values, and a decoding step costs one rotation.
+position. A frequency scaling trained into the model (``rove finetune --scaling``) is exported
+as its result, not its formula: the float64 frequencies (``rope_inv_freq``) and YaRN's logit
+scale (``rope_logit_scale``), so this file restates no schedule. The HF cache therefore stores rotated values, and a decoding step costs one rotation.
 Padding: ``attention_mask`` (batch, keys) masks padded keys; every query also sees itself, so a
 padded query row never becomes NaN.
 """
@@ -59,6 +61,8 @@ class RoveGPTConfig(PretrainedConfig):
         rotary_dim: int | None = None,
         rope_base: float = 10000.0,
         rope_convention: str = "half",
+        rope_inv_freq: list[float] | None = None,
+        rope_logit_scale: float = 1.0,
         mlp_ratio: int = 4,
         bias: bool = False,
         tie_word_embeddings: bool = True,
@@ -75,6 +79,9 @@ class RoveGPTConfig(PretrainedConfig):
         self.n_head, self.n_kv_head, self.n_embd = n_head, n_kv_head, n_embd
         self.pos, self.shared_kv, self.rotary_dim = pos, shared_kv, rotary_dim
         self.rope_base, self.rope_convention = rope_base, rope_convention
+        # a trained frequency scaling: its rotary_dim/2 frequencies (None: base^(-2m/r)) and
+        # the factor of every attention logit (YaRN's temperature, rove's "logits" placement)
+        self.rope_inv_freq, self.rope_logit_scale = rope_inv_freq, rope_logit_scale
         self.mlp_ratio, self.bias, self.use_cache = mlp_ratio, bias, use_cache
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)  # type: ignore[call-arg, arg-type]  # HF types its own fields only, yet takes any
 
@@ -108,6 +115,7 @@ class _Attention(nn.Module):
         self.head_dim = config.n_embd // config.n_head
         self.shared_kv, self.pos = config.shared_kv, config.pos
         self.convention, self.layer_idx = config.rope_convention, layer_idx
+        self.scale = config.rope_logit_scale / math.sqrt(self.head_dim)
         n_proj = self.n_head + (1 if self.shared_kv else 2) * self.n_kv_head
         self.qkv = nn.Linear(config.n_embd, n_proj * self.head_dim, bias=config.bias)
         self.proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=config.bias)
@@ -137,7 +145,7 @@ class _Attention(nn.Module):
             v,
             attn_mask=mask,
             is_causal=mask is None and seq > 1,
-            scale=1 / math.sqrt(self.head_dim),
+            scale=self.scale,
             enable_gqa=self.n_head != self.n_kv_head,
         )  # (B, Hq, T, D)
         if self.pos == "rove":
@@ -206,10 +214,15 @@ class RoveGPTForCausalLM(PreTrainedModel, GenerationMixin):
         return self.lm_head
 
     def _tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos/sin ``(B, 1, T, r/2)`` of ``w_m = base^(-2m/r)`` at ``positions``, float64 angles."""
-        rot = self.rotary_dim
-        exponents = torch.arange(0, rot, 2, dtype=torch.float64, device=positions.device) / rot
-        angles = positions.to(torch.float64)[..., None] * self.config.rope_base**-exponents
+        """cos/sin ``(B, 1, T, r/2)`` of ``w_m = base^(-2m/r)`` (or the trained scaling's
+        ``rope_inv_freq``) at ``positions``, float64 angles."""
+        rot, device = self.rotary_dim, positions.device
+        if self.config.rope_inv_freq is not None:
+            inv_freq = torch.tensor(self.config.rope_inv_freq, dtype=torch.float64, device=device)
+        else:
+            exponents = torch.arange(0, rot, 2, dtype=torch.float64, device=device) / rot
+            inv_freq = self.config.rope_base**-exponents
+        angles = positions.to(torch.float64)[..., None] * inv_freq
         table = torch.float64 if dtype == torch.float64 else torch.float32
         return angles.cos().to(table)[:, None], angles.sin().to(table)[:, None]
 

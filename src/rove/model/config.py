@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from rove.configs import check_types, dataclass_from_dict
 from rove.functional import POS_CHOICES, ROTARY_POS
-from rove.rotary import CONVENTIONS
+from rove.rotary import CONVENTIONS, Scaling
 
 __all__ = ["POSITIONS", "PRESETS", "GPTConfig", "get_preset"]
 
@@ -33,6 +33,10 @@ class GPTConfig:
     rotary_dim: int | None = None  # rotated channels per head (partial rotary); None = all
     rope_base: float = 10000.0  # rotary base theta (the paper assumes 10000)
     rope_convention: str = "half"  # rotary pair convention: half | interleaved
+    # frequency scaling trained into the model (a finetune at a longer context), in
+    # rove.rotary.Scaling's dict form, e.g. {"type": "yarn", "factor": 4.0,
+    # "original_max_position": 128}; None = plain RoPE
+    rope_scaling: dict | None = None
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
     bias: bool = (
         False  # biases in linear layers and LayerNorms (GPT-2 had them; modern stacks don't)
@@ -72,6 +76,15 @@ class GPTConfig:
                 raise ValueError(
                     f"rotary_dim must be even and <= head dim {self.head_dim}, got {rot}"
                 )
+        if self.rope_scaling is not None:
+            if self.pos not in ROTARY_POS:
+                raise ValueError(f"rope_scaling needs a rotary pos {ROTARY_POS}, got {self.pos!r}")
+            try:
+                scaling = Scaling.from_dict(self.rope_scaling)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"rope_scaling: {err}") from None
+            if scaling is None:
+                raise ValueError("rope_scaling {'type': 'default'} is no scaling: use None")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 

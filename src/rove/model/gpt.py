@@ -11,8 +11,10 @@ Notable features:
 - ``generate`` decodes with a ``KVCache`` of rotated keys and rotated values, and equals
   uncached generation under every schedule: dynamic NTK's length is pinned to prompt + new
   tokens for the whole generation, cached or not (see ``Rotary.at_length``).
-- ``rope_scaling`` swaps in YaRN / NTK / linear / dynamic-NTK frequencies at inference (relative
-  to ``block_size``); the YaRN temperature goes to the logits only (or, with
+- ``config.rope_scaling`` is a frequency scaling trained into the model (``rove finetune
+  --scaling``); ``rope_scaling`` swaps in YaRN / NTK / linear / dynamic-NTK frequencies at
+  inference (relative to ``block_size``, on top of a trained scaling where that is exact, see
+  ``rove.rotary.scaling_on_top``); the YaRN temperature goes to the logits only (or, with
   ``temperature="rotated"``, to the rotated channels' share of them, as in HF).
 """
 
@@ -30,7 +32,7 @@ from rove.functional import ROTARY_POS, check_pos, position_tables, token_positi
 from rove.kv_cache import KVCache
 from rove.layer import RoveAttention
 from rove.model.config import GPTConfig
-from rove.rotary import SCALING_KINDS, Rotary, Scaling, Temperature
+from rove.rotary import SCALING_KINDS, Rotary, Scaling, Temperature, scaling_on_top
 from rove.sampling import check_sampling, next_tokens
 
 __all__ = ["GPT"]
@@ -82,6 +84,7 @@ class GPT(nn.Module):
                 config.rotary_dim,
                 base=config.rope_base,
                 convention=config.rope_convention,  # type: ignore[arg-type]
+                scaling=config.rope_scaling,
             )
             if config.pos in ROTARY_POS
             else None
@@ -216,7 +219,10 @@ class GPT(nn.Module):
         """Inference-time frequency scaling relative to ``block_size`` inside the block.
 
         ``kind`` is None (plain) or one of ``rove.rotary.SCALING_KINDS``; ``factor <= 1`` or a
-        model without rotary leaves the model unchanged. ``temperature`` places YaRN's logit scale
+        model without rotary leaves the model unchanged. On a model trained with a scaling
+        (``config.rope_scaling``) the two combine by ``rove.rotary.scaling_on_top``: the same
+        kind of linear, NTK or YaRN multiplies the factors; anything else is a ``ValueError``
+        (which ``rove eval`` records as that row's reason). ``temperature`` places YaRN's logit scale
         (``Rotary``'s argument: "logits" as in the paper, "rotated" as in HF). ``length`` pins
         dynamic NTK's length (``Rotary.at_length``), which decoding with a ``KVCache`` needs.
         """
@@ -225,10 +231,14 @@ class GPT(nn.Module):
         if self.rotary is None or kind is None or factor <= 1:
             yield
             return
-        params: dict[str, object] = {"factor": float(factor)}
-        if kind in ("yarn", "dynamic-ntk"):
-            params["original_max_position"] = self.config.block_size
-        scaled = self.rotary.with_scaling(Scaling(kind, params), temperature=temperature)
+        trained = self.config.rope_scaling
+        scaling = scaling_on_top(
+            None if trained is None else Scaling.from_dict(trained),
+            kind,
+            factor,
+            self.config.block_size,
+        )
+        scaled = self.rotary.with_scaling(scaling, temperature=temperature)
         with self._using_rotary(scaled if length is None else scaled.at_length(length)):
             yield
 

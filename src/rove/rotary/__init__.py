@@ -7,6 +7,7 @@ from rove.rotary.frequencies import (
     RotaryFrequencies,
     Scaling,
     rotary_frequencies,
+    scaling_on_top,
 )
 from rove.rotary.nd import NDRotary, grid_positions
 from rove.rotation import (
@@ -37,5 +38,6 @@ __all__ = [
     "grid_positions",
     "rotary_frequencies",
     "rotation_tables",
+    "scaling_on_top",
     "table_dtype",
 ]

@@ -31,7 +31,14 @@ from types import MappingProxyType
 
 import torch
 
-__all__ = ["SCALING_KINDS", "SCHEDULES", "RotaryFrequencies", "Scaling", "rotary_frequencies"]
+__all__ = [
+    "SCALING_KINDS",
+    "SCHEDULES",
+    "RotaryFrequencies",
+    "Scaling",
+    "rotary_frequencies",
+    "scaling_on_top",
+]
 
 
 @dataclass(frozen=True)
@@ -258,6 +265,36 @@ class Scaling:
     def to_dict(self) -> dict[str, object]:
         """The JSON form ``{"type": kind, **params}``, which ``from_dict`` reads back."""
         return {"type": self.kind, **self.params}
+
+
+# the kinds whose scaling by ``a`` then by ``b`` is one scaling by ``a * b`` (see scaling_on_top)
+_COMPOSABLE = ("linear", "ntk", "yarn")
+
+
+def scaling_on_top(trained: Scaling | None, kind: str, factor: float, block_size: int) -> Scaling:
+    """``kind`` scaling by ``factor`` of a model trained at context ``block_size`` with the
+    frequency scaling ``trained`` (None: plain RoPE), as one ``Scaling``.
+
+    Untrained, ``factor`` is relative to ``block_size``. On a trained scaling of the same kind the
+    factors multiply and the trained one's own reference context stays: exact for ``linear``
+    (positions divided by ``a``, then by ``b``) and ``ntk`` (the NTK base of the NTK base), and
+    for ``yarn`` the meaning of its factor, relative to the original context, as the YaRN paper
+    continues a s=16 model to s=32. Dynamic NTK's strength already follows the length, and a
+    mix of kinds has no single scaling that equals it: both raise ``ValueError``.
+    """
+    if trained is None:
+        params: dict[str, object] = {"factor": float(factor)}
+        if kind in ("yarn", "dynamic-ntk"):
+            params["original_max_position"] = block_size
+        return Scaling(kind, params)
+    if kind != trained.kind or kind not in _COMPOSABLE:
+        raise ValueError(
+            f"the model was trained with {trained.kind} rotary scaling "
+            f"(factor {trained.params['factor']}); {kind} scaling on top of it is not one "
+            f"exact scaling (only {', '.join(_COMPOSABLE)} compose, with their own kind)"
+        )
+    total = float(trained.params["factor"]) * float(factor)  # type: ignore[arg-type]
+    return Scaling(kind, {**trained.params, "factor": total})
 
 
 def rotary_frequencies(

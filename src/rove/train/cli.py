@@ -29,7 +29,7 @@ from rove import run_files
 from rove.configs import read_json_config
 from rove.data.tokenizers import check_tokenizer_name
 from rove.model import POSITIONS, PRESETS, GPTConfig
-from rove.rotary import CONVENTIONS
+from rove.rotary import CONVENTIONS, SCALING_KINDS
 from rove.terminal import (
     DefaultsFormatter,
     DeprecatedFlag,
@@ -120,6 +120,17 @@ def build_parser(
     g.add_argument("--data-dir", help="prepared data folder; default: rove's data cache")
     g.add_argument("--data-max-tokens", type=int, help="prepare at most this many tokens")
     g.add_argument("--seq-len", type=int, help="training context; default: the preset's")
+    g.add_argument(
+        "--scaling",
+        choices=SCALING_KINDS,
+        help="a finetune only: rotary frequency scaling trained into the model, relative to "
+        "the context its source was trained at (with --scaling-factor)",
+    )
+    g.add_argument(
+        "--scaling-factor",
+        type=float,
+        help="the factor of --scaling (> 1), e.g. 4 to continue a 128-token model at 512",
+    )
     g = p.add_argument_group("batch and length")
     g.add_argument("--tokens-per-step", type=int, help=f"global batch in tokens; {RECIPE}")
     g.add_argument("--micro-batch", type=int, help=f"rows per forward per process; {RECIPE}")

@@ -39,9 +39,10 @@ from rove.data.tokenizers import (
 from rove.functional import ROTARY_POS
 from rove.model import POSITIONS, PRESETS, GPTConfig, get_preset
 from rove.precision import DTYPES
+from rove.rotary import SCALING_KINDS
 from rove.train.distributed import PARALLEL
 from rove.train.schedule import LR_SCHEDULES
-from rove.train.source import SourceModel, read_source
+from rove.train.source import SourceModel, read_source, source_scaling
 
 __all__ = [
     "DECAY_SHAPES",
@@ -167,6 +168,11 @@ class TrainConfig:
     # continue this model instead of a fresh init (a finetune, see rove.train.source): a rove run
     # or checkpoint folder, or a Hugging Face folder; pos then says rope (as is) or rove (convert)
     init_from: str | None = None
+    # a frequency scaling the finetune trains into the model, relative to the context its source
+    # was trained at (e.g. yarn by 4 to continue a 128-token model at 512): one of
+    # rove.rotary.SCALING_KINDS and its factor (> 1), or None for the source's own frequencies
+    scaling: str | None = None
+    scaling_factor: float | None = None
     # --- data ---
     data: str | None = None  # corpus: "stdlib" | "fineweb-edu" | a local file/folder path
     tokenizer: str | None = None  # "gpt2" | "byte" | "hf:PATH"; None = data_dir's, else recipe's
@@ -337,13 +343,34 @@ class TrainConfig:
                 )
             if self.parallel == "fsdp":
                 raise ValueError("parallel 'fsdp' is not supported with init_from; use 'ddp'")
+            self._check_scaling()
             return
+        if self.scaling is not None or self.scaling_factor is not None:
+            raise ValueError(
+                "scaling and scaling_factor change the frequencies of a model continued from "
+                "init_from; a run without init_from trains its own"
+            )
         try:
             model = build_model_config(self, vocab_size=VOCAB_MULTIPLE)
         except (TypeError, ValueError) as err:
             raise ValueError(f"model_overrides: {err}") from None
         if not (_finite(model.rope_base) and model.rope_base > 0):
             raise ValueError(f"rope_base must be a positive finite number, got {model.rope_base!r}")
+
+    def _check_scaling(self) -> None:
+        """A finetune's frequency scaling: a known kind with a finite factor > 1, or neither."""
+        if (self.scaling is None) != (self.scaling_factor is None):
+            raise ValueError(
+                f"give scaling and scaling_factor together (got scaling {self.scaling!r}, "
+                f"scaling_factor {self.scaling_factor!r})"
+            )
+        if self.scaling is None:
+            return
+        _choice("scaling", self.scaling, SCALING_KINDS)
+        if not (_finite(self.scaling_factor) and self.scaling_factor > 1):  # type: ignore[operator]
+            raise ValueError(
+                f"scaling_factor must be a finite number > 1, got {self.scaling_factor!r}"
+            )
 
     def _check_warmup(self) -> None:
         """Warm-up ends within the run, and under wsd before the decay starts."""
@@ -374,7 +401,10 @@ class TrainConfig:
         recipe = RECIPES[self.preset]
         values = dataclasses.asdict(self)
         if self.init_from is not None:
-            recipe = _finetune_defaults(values, read_source(self.init_from))
+            source = read_source(self.init_from)
+            recipe = _finetune_defaults(values, source)
+            if self.scaling is not None:  # refused now if it does not combine with the source's
+                source_scaling(source, self.scaling, self.scaling_factor)  # type: ignore[arg-type]
         if values["tokenizer"] is None and values["data_dir"] is not None:
             values["tokenizer"] = data_tokenizer(Path(values["data_dir"]))
         for name in _RECIPE_FIELDS:
@@ -466,7 +496,8 @@ def _finetune_defaults(values: dict, source: SourceModel) -> dict:
     ``None`` fields take.
 
     A rove checkpoint continues as it was trained: its preset, data, tokenizer, batch, learning
-    rate, evaluation and context, unless given. A Hugging Face folder takes ``preset``'s recipe,
+    rate, evaluation and context, unless given (at another context, the micro-batch keeps its
+    tokens: a 4x longer ``seq_len`` takes a quarter of the rows). A Hugging Face folder takes ``preset``'s recipe,
     with its own tokenizer (``hf:<folder>``). Either way the length of the continuation is the
     caller's: ``max_steps`` or ``token_budget`` must be given; the warm-up defaults to at most a
     tenth of it, and validation to at least every tenth (the recovery curve).
@@ -491,8 +522,11 @@ def _finetune_defaults(values: dict, source: SourceModel) -> dict:
         values["tokenizer"] = stored.get("tokenizer")
     if values["seq_len"] is None:
         values["seq_len"] = source.block_size
-    recipe = RECIPES[values["preset"]]
-    return {name: stored.get(name, recipe[name]) for name in _RECIPE_FIELDS}
+    recipe = {name: stored.get(name, RECIPES[values["preset"]][name]) for name in _RECIPE_FIELDS}
+    if values["micro_batch"] is None and source.block_size:  # a longer context: fewer rows,
+        rows = recipe["micro_batch"] * source.block_size // values["seq_len"]  # same tokens
+        recipe["micro_batch"] = max(1, rows)
+    return recipe
 
 
 def check_source_tokenizer(cfg: ResolvedTrainConfig) -> None:

@@ -306,7 +306,13 @@ def build_run(
         source = read_source(cfg.init_from)
         if info.is_main:
             log.info("continuing %s (%s) as %s", source.path, source.pos, cfg.pos)
-        raw = build_source_model(source, pos=cfg.pos, block_size=cfg.seq_len)
+        raw = build_source_model(
+            source,
+            pos=cfg.pos,
+            block_size=cfg.seq_len,
+            scaling=cfg.scaling,
+            scaling_factor=cfg.scaling_factor,
+        )
     loader = TokenLoader(
         data.dir,
         "train",

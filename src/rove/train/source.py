@@ -27,6 +27,7 @@ import torch
 
 from rove.functional import ROTARY_POS
 from rove.model import GPT, GPTConfig
+from rove.rotary import Scaling, scaling_on_top
 
 if TYPE_CHECKING:
     from rove.hf.causal_lm import HFCausalLM
@@ -38,6 +39,7 @@ __all__ = [
     "load_any_model",
     "model_from_config",
     "read_source",
+    "source_scaling",
 ]
 
 SourceKind = Literal["checkpoint", "hf"]
@@ -142,24 +144,65 @@ def _check_rotary(pos: str, where: Path) -> None:
         )
 
 
-def build_source_model(
-    source: SourceModel, *, pos: str, block_size: int, device: torch.device | str = "cpu"
-) -> GPT | HFCausalLM:
-    """The source's weights in a model under ``pos`` with training context ``block_size``.
+def source_scaling(source: SourceModel, kind: str, factor: float) -> Scaling:
+    """The frequency scaling a finetune of ``source`` with ``kind`` by ``factor`` trains into the
+    model: relative to the context the source was trained at (a rove checkpoint's
+    ``block_size``, a Hugging Face folder's ``max_position_embeddings``), on top of any scaling
+    the source carries (:func:`rove.rotary.scaling_on_top`); ``ValueError`` naming the source
+    when the two do not combine into one."""
+    config = source.model_config
+    hf_config = config if source.kind == "hf" else config.get("hf_config")
+    if hf_config is not None:
+        from rove.hf.causal_lm import trained_scaling
 
-    ``pos == source.pos`` gives the source's own function; the other rotary ``pos`` converts it
-    (same parameters, V/O rotated).
+        trained = trained_scaling(hf_config)
+    else:
+        trained = Scaling.from_dict(config["rope_scaling"]) if config.get("rope_scaling") else None
+    context = source.block_size or int(config["max_position_embeddings"])
+    try:
+        return scaling_on_top(trained, kind, factor, context)
+    except ValueError as err:
+        raise ValueError(f"init_from {source.path}: {err}") from None
+
+
+def build_source_model(
+    source: SourceModel,
+    *,
+    pos: str,
+    block_size: int,
+    scaling: str | None = None,
+    scaling_factor: float | None = None,
+    device: torch.device | str = "cpu",
+) -> GPT | HFCausalLM:
+    """The source's weights in a model under ``pos`` with training context ``block_size`` and,
+    when given, the frequency scaling ``scaling`` by ``scaling_factor`` (relative to the
+    source's context, see :func:`source_scaling`) made part of the model.
+
+    ``pos == source.pos`` and no scaling give the source's own function; the other rotary
+    ``pos`` converts it (same parameters, V/O rotated).
     """
+    scaled = None
+    if scaling is not None:
+        assert scaling_factor is not None  # TrainConfig gives both or neither
+        scaled = source_scaling(source, scaling, scaling_factor)
     if source.kind == "hf":
         from rove.hf.causal_lm import HFCausalLM
 
         arm = cast("HFPos", pos)  # checked by TrainConfig: one of ROTARY_POS
-        return HFCausalLM.from_folder(source.path, pos=arm, block_size=block_size).to(device)
-    from rove.checkpoint import load_checkpoint, restore_model
+        model: GPT | HFCausalLM = HFCausalLM.from_folder(
+            source.path, pos=arm, block_size=block_size
+        )
+    else:
+        from rove.checkpoint import load_checkpoint, restore_model
 
-    ckpt = load_checkpoint(source.path, device="cpu", optimizer=False)
-    model = model_from_config({**source.model_config, "pos": pos, "block_size": block_size})
-    restore_model(model, ckpt)
+        ckpt = load_checkpoint(source.path, device="cpu", optimizer=False)
+        config = {**source.model_config, "pos": pos, "block_size": block_size}
+        if scaled is not None and "hf_config" not in config:  # rove's GPT: a config field
+            config["rope_scaling"] = scaled.to_dict()
+        model = model_from_config(config)
+        restore_model(model, ckpt)
+    if scaled is not None and not isinstance(model, GPT):  # a Hugging Face model: its config
+        model.set_scaling(scaled)
     return model.to(device)
 
 
