@@ -11,9 +11,12 @@ from pathlib import Path
 import rove
 
 
-def run_python(code: str, *args: object, env: dict[str, str] | None = None) -> str:
+def run_python(
+    code: str, *args: object, env: dict[str, str] | None = None, stderr: bool = False
+) -> str:
     """Run ``code`` with ``args`` as ``sys.argv[1:]``, offline and with this checkout's rove;
-    its stdout, or an ``AssertionError`` holding its stderr's tail when it fails."""
+    its stdout (and stderr after it, with ``stderr``), or an ``AssertionError`` holding its
+    stderr's tail when it fails."""
     paths = [str(Path(rove.__file__).parents[1]), *sys.path]
     environ = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(paths)}
     proc = subprocess.run(
@@ -25,4 +28,4 @@ def run_python(code: str, *args: object, env: dict[str, str] | None = None) -> s
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    return proc.stdout + (proc.stderr if stderr else "")

@@ -190,3 +190,27 @@ def test_data_prepare_with_an_unknown_tokenizer(tmp_path, capsys):
     assert exit_.value.code == 2
     _one_error_line(capsys, "rove data prepare", "unknown tokenizer 'gtp2'", "byte, gpt2", "hf:")
     assert not (tmp_path / "d").exists()
+
+
+def test_a_command_whose_extra_is_not_installed_says_which_to_install(tmp_path):
+    """On the light install (``scripts/setup.sh``: no transformers) ``rove export`` names the
+    ``hf`` extra in one line; importing ``rove.hf`` itself needs no transformers."""
+    from fresh_process import run_python
+
+    code = (
+        "import sys\n"
+        "sys.modules['transformers'] = None  # as if not installed\n"
+        "import rove.hf\n"
+        "from rove.cli import main\n"
+        "sys.exit(main(['export', sys.argv[1], '--out', sys.argv[2]]) - 2)\n"
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.json").write_text("{}")
+    from rove.model import GPT, get_preset
+    from run_folders import save_byte_run
+
+    save_byte_run(run, GPT(get_preset("nano", vocab_size=320)))
+    out = run_python(code, run, tmp_path / "export", stderr=True)
+    assert out.strip().endswith("pip install -e '.[hf]' (--debug for the traceback)"), out
+    assert "Traceback" not in out

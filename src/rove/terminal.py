@@ -55,6 +55,15 @@ Value = TypeVar("Value")
 # stale runs), files and folders (OSError: missing, a file where a folder belongs, disk full,
 # permissions), another process holding a folder, an optional extra that is not installed.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FolderLockedError, ImportError)
+# the extra that installs a missing optional package (pyproject's optional-dependencies)
+EXTRAS = {
+    "transformers": "hf",
+    "tokenizers": "hf",
+    "lm_eval": "lm-eval",
+    "datasets": "fineweb",
+    "sklearn": "vision",
+    "triton": "triton",
+}
 
 
 class Interrupted(Exception):
@@ -114,6 +123,11 @@ def command(prog: str) -> Callable[[Main], Main]:
                 if debug:
                     raise
                 message = str(err).strip() or type(err).__name__
+                missing = err.name if isinstance(err, ModuleNotFoundError) else None
+                if missing and missing.split(".")[0] in EXTRAS:
+                    message += (
+                        f"; install it with: pip install -e '.[{EXTRAS[missing.split('.')[0]]}]'"
+                    )
                 print(f"{prog}: error: {message} (--debug for the traceback)", file=sys.stderr)
                 return 2
 

@@ -84,12 +84,13 @@ def _rove_config_class(base: type) -> type:
 
 
 def __getattr__(name: str) -> type:
-    """``Rove<Base>`` config classes by name (how pickle finds them)."""
+    """``Rove<Base>`` config classes by name (how pickle finds them). Any other name is
+    missing without importing transformers: ``import rove.hf`` asks for ``__path__``."""
+    if not name.startswith("Rove"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import transformers
 
-    base = (
-        getattr(transformers, name.removeprefix("Rove"), None) if name.startswith("Rove") else None
-    )
+    base = getattr(transformers, name.removeprefix("Rove"), None)
     if not isinstance(base, type) or not hasattr(base, "model_type"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return _rove_config_class(base)
