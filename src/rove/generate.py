@@ -288,7 +288,8 @@ def _export_samples(
     from transformers import PreTrainedTokenizerFast
     from transformers.generation.streamers import BaseStreamer
 
-    from rove.hf.export import load_exported, no_progress_bars
+    from rove.hf.export import load_exported
+    from rove.hf.progress import no_progress_bars
 
     with no_progress_bars():
         model = load_exported(folder).to(device).eval()

@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +37,13 @@ from rove import run_files
 from rove._version import __version__
 from rove.atomic import check_replaceable, fsync_dir, swap_in, write_json_atomic
 from rove.hf.model_card import write_export_card
+from rove.hf.progress import no_progress_bars
 from rove.lock import lock_folder
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
 from rove.terminal import DefaultsFormatter, DeprecatedFlag, command, signature_defaults
 
-__all__ = ["export_model", "export_run", "load_exported", "main", "no_progress_bars"]
+__all__ = ["export_model", "export_run", "load_exported", "main"]
 
 MODELING_FILE = Path(__file__).with_name("modeling_rove_gpt.py")
 AUTO_MAP = {
@@ -289,21 +289,6 @@ def export_model(
             with contextlib.suppress(OSError):  # not empty: something else is there, keep it
                 old.rmdir()
     return out
-
-
-@contextlib.contextmanager
-def no_progress_bars() -> Iterator[None]:
-    """transformers' progress bars off for a moment ("Writing model shards" for a one-file
-    export, "Loading weights" for a small model are noise in rove's command output)."""
-    from transformers.utils import logging as hf_logging
-
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
 
 
 def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path) -> None:

@@ -187,11 +187,13 @@ def build_source_model(
         scaled = source_scaling(source, scaling, scaling_factor)
     if source.kind == "hf":
         from rove.hf.causal_lm import HFCausalLM
+        from rove.hf.progress import no_progress_bars
 
         arm = cast("HFPos", pos)  # checked by TrainConfig: one of ROTARY_POS
-        model: GPT | HFCausalLM = HFCausalLM.from_folder(
-            source.path, pos=arm, block_size=block_size
-        )
+        with no_progress_bars():
+            model: GPT | HFCausalLM = HFCausalLM.from_folder(
+                source.path, pos=arm, block_size=block_size
+            )
     else:
         from rove.checkpoint import load_checkpoint, restore_model
 
