@@ -169,6 +169,8 @@ def test_the_command_line(source, tmp_path, capsys):
         ([str(source), "--demo"], "--demo takes no MODEL"),
         (["--max-steps", "3"], "give the MODEL"),
         ([str(source), "--pos", "nope"], "invalid choice"),
+        ([str(source), "--seeds", "1", "2"], "--seeds: only with --compare"),
+        ([str(source), "--compare", "--pos=rove"], "leave out --pos"),
     ]:
         with pytest.raises(SystemExit):
             main(argv)

@@ -48,6 +48,7 @@ ARMS = ("rope", "rove")  # the control (continued as is) first: the report's bas
 RUN_FIELDS = ("pos", "seed", "out_dir", "run_name")  # what a comparison sets per run
 DEMO_OUT = "runs/finetune-demo"
 DEMO_STEPS = 80  # half the base's 160: long enough to see whether RoVE recovers
+COMPARE_FLAGS = ("--seeds", "--eval", "--title", "--force")  # what only --compare reads
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, stored = train_cli.parse_args(parser, argv)
     given = argv if argv is not None else sys.argv[1:]
+    flags = {a.split("=")[0] for a in given if a.startswith("--")}
     if args.demo:
-        flags = {a.split("=")[0] for a in given if a.startswith("-")}
         if args.init_from is not None or flags - {"--demo", "--out", "--no-progress", "--force"}:
             parser.error(
                 "--demo takes no MODEL, and of the flags only --out, --force and --no-progress"
@@ -161,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the MODEL to continue (a rove run or a Hugging Face folder), or --demo")
     train_cfg = train_cli.config_from_args(args, stored)
     if not args.compare:
+        if flags & set(COMPARE_FLAGS):
+            parser.error(f"{', '.join(sorted(flags & set(COMPARE_FLAGS)))}: only with --compare")
         return train_cli.run(parser.prog, args, train_cfg)
-    if "--pos" in given:
+    if "--pos" in flags:
         parser.error("--compare trains both arms (rope and rove): leave out --pos")
     if args.resume or args.dry_run:
         parser.error("--compare resumes by itself (run it again) and has no --dry-run")
