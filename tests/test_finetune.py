@@ -193,3 +193,12 @@ def test_a_longer_context_keeps_the_tokens_per_micro_batch(source):
     assert cfg.grad_accum_steps() == 1
     given = TrainConfig(init_from=str(source), seq_len=128, micro_batch=2, max_steps=4).resolve()
     assert given.micro_batch == 2
+
+
+def test_a_rove_model_is_compared_with_itself_continued_as_the_control(source, tmp_path):
+    rove_run = train(finetune(source, tmp_path, max_steps=2), progress=False)  # a RoVE model
+    cfg = compare_config(finetune(rove_run, tmp_path), [0], {})
+    assert (cfg.pos, cfg.baseline) == (["rove", "rope"], "rove")
+    cfg.validate()
+    with pytest.raises(ValueError, match=r"baseline 'rope'.*baseline 'rove'"):
+        dataclasses.replace(cfg, baseline="rope").validate()

@@ -58,6 +58,7 @@ from rove.train import TrainConfig, train
 from rove.train.config import LOCATION_FIELDS, check_data_tokenizer, run_fingerprint
 from rove.train.loop import TrainingInterrupted
 from rove.train.metrics import read_metrics
+from rove.train.source import read_source
 
 __all__ = [
     "RENAMED_FIELDS",
@@ -101,11 +102,14 @@ class CompareConfig:
             raise ValueError(
                 f"baseline {self.baseline!r} is not one of the compared encodings, pos {self.pos}"
             )
-        if self.train.get("init_from") and self.baseline != "rope":
-            raise ValueError(
-                f"baseline {self.baseline!r}: a finetune comparison (train init_from) measures "
-                "the converted arms against the model continued as it is, baseline 'rope'"
-            )
+        if self.train.get("init_from"):
+            own = read_source(self.train["init_from"]).pos
+            if self.baseline != own:
+                raise ValueError(
+                    f"baseline {self.baseline!r}: a finetune comparison (train init_from) "
+                    f"measures the converted arms against the model continued as it is, "
+                    f"baseline {own!r}"
+                )
         for pos in self.pos:
             for seed in self.seeds:
                 check_data_tokenizer(self.train_config(pos, seed).resolve())

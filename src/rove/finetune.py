@@ -44,7 +44,6 @@ from rove.train.source import read_source
 
 __all__ = ["DEMO_OUT", "DEMO_STEPS", "build_parser", "compare_config", "demo_base", "main"]
 
-ARMS = ("rope", "rove")  # the control (continued as is) first: the report's baseline
 RUN_FIELDS = ("pos", "seed", "out_dir", "run_name")  # what a comparison sets per run
 DEMO_OUT = "runs/finetune-demo"
 DEMO_STEPS = 80  # half the base's 160: long enough to see whether RoVE recovers
@@ -76,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--compare",
         action="store_true",
-        help="train both arms (rope: continued as is; rove: converted) for each of --seeds on "
+        help="train both arms (the model continued as it is, and converted) for each of --seeds on "
         "the same tokens and schedule, evaluate them and write a report into "
         "<--out>/finetune-<model>/",
     )
@@ -96,20 +95,22 @@ def build_parser() -> argparse.ArgumentParser:
 def compare_config(
     train: TrainConfig, seeds: list[int], eval_fields: dict, title: str | None = None
 ) -> CompareConfig:
-    """The comparison of both arms of ``train``'s finetune over ``seeds``: every run shares
-    ``train``'s fields but the arm, the seed and where it lives."""
+    """The comparison of both arms of ``train``'s finetune over ``seeds``: the source continued
+    as it is (the control, the report's baseline: RoPE for a RoPE model) and converted to the
+    other encoding; every run shares ``train``'s fields but the arm, the seed and its folder."""
     assert train.init_from is not None
-    name = read_source(train.init_from).name
+    source = read_source(train.init_from)
+    control = source.pos  # continued as it is: the report's baseline, first
     shared = {k: v for k, v in train.to_dict().items() if k not in RUN_FIELDS}
     return config_from_dict(
         {
-            "pos": list(ARMS),
+            "pos": [control, *(p for p in ROTARY_POS if p != control)],
             "seeds": seeds,
-            "baseline": "rope",
-            "out_dir": str(Path(train.out_dir) / f"finetune-{name}"),
+            "baseline": control,
+            "out_dir": str(Path(train.out_dir) / f"finetune-{source.name}"),
             "train": shared,
             "eval": eval_fields,
-            "title": title or f"RoVE on {name}: continued as RoVE vs as RoPE",
+            "title": title or f"{source.name} ({control}) continued as it is vs converted",
         }
     )
 
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{', '.join(sorted(flags & set(COMPARE_FLAGS)))}: only with --compare")
         return train_cli.run(parser.prog, args, train_cfg)
     if "--pos" in flags:
-        parser.error("--compare trains both arms (rope and rove): leave out --pos")
+        parser.error("--compare trains both arms (as it is, and converted): leave out --pos")
     if args.resume or args.dry_run:
         parser.error("--compare resumes by itself (run it again) and has no --dry-run")
     cfg = compare_config(train_cfg, args.seeds, dict(args.eval), args.title)
