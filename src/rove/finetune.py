@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Continue an existing model (a rove run or a Hugging Face folder) as RoVE, or as RoPE "
         "for the control arm; --compare runs both over seeds and reports.",
         positions=ROTARY_POS,
+        architecture=False,
     )
     p.add_argument(
         "init_from",

@@ -73,9 +73,11 @@ def build_parser(
     prog: str = "rove train",
     description: str = "Train a GPT-2 style model with a given position encoding (RoPE, RoVE, ...).",
     positions: tuple[str, ...] = POSITIONS,
+    architecture: bool = True,
 ) -> argparse.ArgumentParser:
     """``rove train``'s flags, one per ``TrainConfig`` field; ``rove finetune`` adds its own
-    to them (:mod:`rove.finetune`) and narrows ``--pos`` to ``positions``."""
+    to them (:mod:`rove.finetune`), narrows ``--pos`` to ``positions`` and leaves out the
+    architecture's (``architecture=False``: a finetune's model is its source's)."""
     p = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=DefaultsFormatter
     )
@@ -85,30 +87,16 @@ def build_parser(
         f"{run_files.RECIPE}); the flags given override it",
     )
     g = p.add_argument_group("model")
-    g.add_argument("--preset", choices=sorted(PRESETS), help="model size and recipe")
+    g.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="model size and recipe"
+        if architecture
+        else "the recipe of a Hugging Face model (a rove run continues with its own)",
+    )
     g.add_argument("--pos", choices=positions, help="position encoding")
-    g.add_argument("--n-kv-head", type=int, help="key/value heads (GQA); default: n_head")
-    g.add_argument(
-        "--shared-kv", action="store_true", default=None, help="one projection for K and V (K = V)"
-    )
-    g.add_argument("--rotary-dim", type=int, help="rotated channels per head; default: all")
-    g.add_argument(
-        "--rope-base",
-        type=float,
-        help=f"rotary base theta; default: {_MODEL_DEFAULTS['rope_base']:g}",
-    )
-    g.add_argument("--rope-convention", choices=CONVENTIONS, help="rotary pairs")
-    g.add_argument(
-        "--dropout", type=float, help=f"dropout rate; default: {_MODEL_DEFAULTS['dropout']:g}"
-    )
-    g.add_argument(
-        "--model",
-        type=key_value,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other GPTConfig field (VALUE parsed as JSON), e.g. --model bias=true",
-    )
+    if architecture:
+        _architecture_flags(g)
     g = p.add_argument_group("data")
     g.add_argument("--data", help=f"'stdlib', 'fineweb-edu' or a local path; {RECIPE}")
     g.add_argument(
@@ -181,15 +169,41 @@ def build_parser(
     return p
 
 
+def _architecture_flags(g: argparse._ArgumentGroup) -> None:
+    """The model's shape and encoding details: ``model_overrides`` (GPTConfig fields)."""
+    g.add_argument("--n-kv-head", type=int, help="key/value heads (GQA); default: n_head")
+    g.add_argument(
+        "--shared-kv", action="store_true", default=None, help="one projection for K and V (K = V)"
+    )
+    g.add_argument("--rotary-dim", type=int, help="rotated channels per head; default: all")
+    g.add_argument(
+        "--rope-base",
+        type=float,
+        help=f"rotary base theta; default: {_MODEL_DEFAULTS['rope_base']:g}",
+    )
+    g.add_argument("--rope-convention", choices=CONVENTIONS, help="rotary pairs")
+    g.add_argument(
+        "--dropout", type=float, help=f"dropout rate; default: {_MODEL_DEFAULTS['dropout']:g}"
+    )
+    g.add_argument(
+        "--model",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other GPTConfig field (VALUE parsed as JSON), e.g. --model bias=true",
+    )
+
+
 def config_from_args(args: argparse.Namespace, stored: dict | None = None) -> TrainConfig:
     """The ``TrainConfig`` described by parsed arguments over the fields ``stored`` in a
     ``--config`` file (sentinels left as ``None``): the flags' defaults are the file's fields
     (:func:`read_config`), ``--model`` adds to its ``model_overrides`` and ``--log`` replaces
     its ``loggers``."""
     stored = stored or {}
-    overrides = {**stored.get("model_overrides", {}), **dict(args.model)}
+    overrides = {**stored.get("model_overrides", {}), **dict(getattr(args, "model", []))}
     for name in _MODEL_FLAGS:
-        if getattr(args, name) is not None:
+        if getattr(args, name, None) is not None:  # a finetune's parser has none of them
             overrides[name] = getattr(args, name)
     loggers = list(dict.fromkeys(args.log)) or list(stored.get("loggers", []))
     return fields_from_args(TrainConfig, args, model_overrides=overrides, loggers=loggers)
