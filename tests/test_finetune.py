@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from fresh_process import run_python
-from preemption import preempted_at_batch
+from preemption import assert_same_run, preempted_at_batch
 from rove import run_files
-from rove.checkpoint import load_checkpoint, load_model
+from rove.checkpoint import load_model
 from rove.data import prepare_dataset
 from rove.finetune import compare_config, main
 from rove.model import GPT
@@ -98,14 +98,7 @@ def test_an_interrupted_finetune_resumes_bit_for_bit(source, tmp_path, monkeypat
     # the source is not needed to resume: the run continues from its own checkpoint
     monkeypatch.setattr("rove.train.setup.build_source_model", None)
     resumed = train(cut_cfg, progress=False, resume=True)
-
-    def without_timing(records):
-        return [{k: v for k, v in r.items() if k not in ("dt_ms", "tok_per_s")} for r in records]
-
-    assert without_timing(read_metrics(resumed)) == without_timing(read_metrics(full))
-    a, b = load_checkpoint(full), load_checkpoint(resumed)
-    for name, tensor in a.model_state.items():
-        assert torch.equal(tensor, b.model_state[name]), name
+    assert_same_run(resumed, full)
 
 
 def test_a_finetuned_rove_model_exports_and_reloads_as_rove_in_a_fresh_process(source, tmp_path):

@@ -16,13 +16,13 @@ import sys
 import pytest
 import torch
 
+from preemption import assert_same_run, preempted_at_batch
 from rove.checkpoint import load_checkpoint, load_model
-from rove.data import TokenLoader, get_tokenizer, prepare_dataset
+from rove.data import get_tokenizer, prepare_dataset
 from rove.finetune import main as finetune_main
 from rove.model import GPT, PRESETS, GPTConfig
 from rove.train import TrainConfig, train
 from rove.train.cli import main as train_main
-from rove.train.metrics import read_metrics
 from rove.train.source import build_source_model, load_any_model, read_source, source_scaling
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -93,33 +93,12 @@ def test_the_scaling_is_part_of_the_checkpoint_and_resume_rebuilds_it(
     model, _ = load_model(scaled_run)
     assert model.rotary.scaling.to_dict() == YARN_2 and model.config.block_size == 64
 
-    class Preempted(Exception):
-        pass
-
-    real_next, calls = TokenLoader.next_batch, {"train": 0}
-
-    def preempt_in_step_3(self):
-        if self.split == "train":
-            calls["train"] += 1
-            if calls["train"] == 3:
-                raise Preempted
-        return real_next(self)
-
     cut_cfg = scaled(source, tmp_path, pos="rope")
-    monkeypatch.setattr(TokenLoader, "next_batch", preempt_in_step_3)
-    with pytest.raises(Preempted):
+    with preempted_at_batch(3):
         train(cut_cfg, progress=False)
-    monkeypatch.setattr(TokenLoader, "next_batch", real_next)
     monkeypatch.setattr("rove.train.setup.build_source_model", None)  # from its own checkpoint
     resumed = train(cut_cfg, progress=False, resume=True)
-
-    def without_timing(records):
-        return [{k: v for k, v in r.items() if k not in ("dt_ms", "tok_per_s")} for r in records]
-
-    assert without_timing(read_metrics(resumed)) == without_timing(read_metrics(scaled_run))
-    a, b = load_checkpoint(scaled_run), load_checkpoint(resumed)
-    for name, tensor in a.model_state.items():
-        assert torch.equal(tensor, b.model_state[name]), name
+    assert_same_run(resumed, scaled_run)
 
 
 def test_eval_measures_the_same_kind_on_top_and_records_why_not_another(scaled_run):

@@ -23,7 +23,9 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Iterator
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +35,7 @@ __all__ = [
     "exchange",
     "fsync_dir",
     "remove_temp_files",
+    "replace_folder",
     "swap_in",
     "write_json_atomic",
     "write_text_atomic",
@@ -139,6 +142,38 @@ def swap_in(tmp: Path, folder: Path) -> Path | None:
         os.rename(tmp, folder)
     fsync_dir(folder.parent)
     return old
+
+
+def replace_folder(
+    folder: Path, write: Callable[[Path], None], owned: set[str], *, prefix: str
+) -> Path:
+    """Write a whole folder at ``folder``: ``write(tmp)`` fills a new temp folder beside it
+    (named ``prefix`` + random), whose files are fsynced and which is then swapped in
+    (:func:`swap_in`); of the old folder, the ``owned`` files are deleted, and the folder too
+    once empty. ``folder`` holds the old contents or the new, never half. On any error the
+    temp folder is removed and the old contents stay."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=folder.parent))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the folder from other users
+        write(tmp)
+        for path in tmp.iterdir():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(tmp)
+        old = swap_in(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        for name in owned:
+            (old / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty: something else is there, keep it
+            old.rmdir()
+    return folder
 
 
 def remove_temp_files(folder: str | Path) -> list[Path]:

@@ -15,10 +15,7 @@ import contextlib
 import copy
 import inspect
 import json
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rove.atomic import check_replaceable, fsync_dir, swap_in
+from rove.atomic import check_replaceable, replace_folder
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, HFPos, convert, current_pos
 from rove.hf.model_card import is_rove_card
 from rove.rotary import SCALING_KINDS, Scaling, scaling_on_top
@@ -465,28 +462,13 @@ class HFCausalLM(nn.Module):
         """
         out = Path(folder)
         check_replaceable(out, _saved_files(out), "Hugging Face model")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        try:
-            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the model from other users
+
+        def write(tmp: Path) -> None:
             self.hf.save_pretrained(tmp)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
-            for path in tmp.iterdir():
-                with open(path, "rb") as f:
-                    os.fsync(f.fileno())
-            fsync_dir(tmp)
-            old_files = _saved_files(out)
-            old = swap_in(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if old is not None:
-            for name in old_files:
-                (old / name).unlink(missing_ok=True)
-            with contextlib.suppress(OSError):  # not empty: something else is there, keep it
-                old.rmdir()
-        return out
+
+        return replace_folder(out, write, _saved_files(out), prefix=f".{out.name}.tmp-")
 
 
 def _saved_files(folder: Path) -> set[str]:

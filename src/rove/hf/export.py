@@ -22,11 +22,8 @@ into the folder and loaded with ``trust_remote_code=True``, or without remote co
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +32,7 @@ from safetensors import SafetensorError
 
 from rove import run_files
 from rove._version import __version__
-from rove.atomic import check_replaceable, fsync_dir, swap_in, write_json_atomic
+from rove.atomic import check_replaceable, replace_folder, write_json_atomic
 from rove.hf.model_card import write_export_card
 from rove.hf.progress import no_progress_bars
 from rove.lock import lock_folder
@@ -268,9 +265,8 @@ def export_model(
         for stale in out.parent.glob(f"{_TEMP_PREFIX.format(out.name)}*"):  # killed exports'
             if stale.is_dir() and not stale.is_symlink():
                 shutil.rmtree(stale)
-        tmp = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX.format(out.name), dir=out.parent))
-        try:
-            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the export from other users
+
+        def write(tmp: Path) -> None:
             try:
                 _write_export(hf, model.config.vocab_size, tokenizer, tmp)
             except (OSError, SafetensorError) as err:
@@ -278,21 +274,16 @@ def export_model(
                     f"cannot write the export {out} ({err}); nothing was written there"
                     + (" (the export it holds is unchanged)" if out.exists() else "")
                 ) from err
-            old_files = _export_files(out)
-            old = swap_in(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if old is not None:
-            for name in old_files or set():
-                (old / name).unlink(missing_ok=True)
-            with contextlib.suppress(OSError):  # not empty: something else is there, keep it
-                old.rmdir()
+
+        replace_folder(
+            out, write, _export_files(out) or set(), prefix=_TEMP_PREFIX.format(out.name)
+        )
     return out
 
 
 def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path) -> None:
-    """The export's files in ``folder``, each fsynced, with the manifest naming them last."""
+    """The export's files in ``folder``, with the manifest naming them last (the caller,
+    :func:`rove.atomic.replace_folder`, fsyncs them)."""
     from transformers import GenerationConfig
 
     eot = getattr(tokenizer, "eot_token", None)
@@ -315,13 +306,6 @@ def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path)
     files = sorted(p.name for p in folder.iterdir())
     manifest = {"format": EXPORT_FORMAT, "rove_version": __version__, "files": files}
     write_json_atomic(folder / EXPORT_MANIFEST, manifest)
-    for name in files:
-        fd = os.open(folder / name, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    fsync_dir(folder)
 
 
 def _export_files(folder: Path) -> set[str] | None:
