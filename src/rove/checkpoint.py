@@ -36,9 +36,10 @@ import random
 import re
 import secrets
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -49,6 +50,8 @@ from rove import run_files
 from rove.atomic import fsync_dir, remove_temp_files, write_text_atomic
 from rove.model import GPT, GPTConfig
 
+Model = TypeVar("Model", bound=torch.nn.Module)  # what load_built_model builds
+
 __all__ = [
     "Checkpoint",
     "CheckpointError",
@@ -56,10 +59,10 @@ __all__ = [
     "capture_rng",
     "find_checkpoint",
     "latest_checkpoint",
+    "load_built_model",
     "load_checkpoint",
     "load_model",
     "remove_partial_checkpoints",
-    "restore_eval_model",
     "restore_rng",
     "resume_checkpoint",
     "save_checkpoint",
@@ -521,22 +524,30 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
     ``checkpoint`` (the folder read). A finetuned Hugging Face model is named and refused:
     :func:`rove.train.source.load_any_model` loads either kind.
     """
-    ckpt = load_checkpoint(path, device=device, optimizer=False)
-    config = ckpt.meta["model_config"]
-    if isinstance(config, dict) and "hf_config" in config:
+    return load_built_model(path, _gpt, device)
+
+
+def _gpt(config: dict) -> GPT:
+    if "hf_config" in config:
         raise CheckpointError(
-            f"{ckpt.path}: holds a finetuned Hugging Face model ({config.get('model_type')}), "
-            "not a rove GPT; `rove export` it to a Hugging Face folder and use that"
+            f"holds a finetuned Hugging Face model ({config.get('model_type')}), not a rove "
+            "GPT; `rove export` it to a Hugging Face folder and use that"
         )
+    return GPT(GPTConfig.from_dict(config))
+
+
+def load_built_model(
+    path: str | Path, build: Callable[[dict], Model], device: str | torch.device = "cpu"
+) -> tuple[Model, dict]:
+    """The model ``build`` makes of a checkpoint's stored model config, with the checkpoint's
+    weights, in eval mode; and the meta :func:`load_model` describes."""
+    ckpt = load_checkpoint(path, device=device, optimizer=False)
     try:
-        model = GPT(GPTConfig.from_dict(config)).to(device)
+        model = build(ckpt.meta["model_config"]).to(device)
+    except CheckpointError as err:
+        raise CheckpointError(f"{ckpt.path}: {err}") from None
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{ckpt.path / META_FILE}: bad model_config ({err})") from None
-    return restore_eval_model(model, ckpt)
-
-
-def restore_eval_model(model: Any, ckpt: Checkpoint) -> tuple[Any, dict]:
-    """``model`` with ``ckpt``'s weights, in eval mode, and the meta callers read."""
     restore_model(model, ckpt)
     model.eval()
     meta = {k: v for k, v in ckpt.meta.items() if k not in ("files", "rng", "loader")}

@@ -543,11 +543,10 @@ def check_source_tokenizer(cfg: ResolvedTrainConfig) -> None:
                 "data are tokenized as the model expects"
             )
         expected = get_tokenizer(f"{HF_PREFIX}{source.path.resolve()}").identity()
-        vocab = source.model_config.get("vocab_size")
     else:
         expected = source.tokenizer or {}
-        vocab = source.model_config.get("vocab_size")
     check_tokenizer_identity(expected, data, f"model {cfg.init_from}")
+    vocab = source.model_config.get("vocab_size")
     if isinstance(vocab, int) and data["vocab_size"] > vocab:
         raise ValueError(
             f"the tokenizer's {data['vocab_size']} ids do not fit the vocabulary of "

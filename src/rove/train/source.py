@@ -223,11 +223,6 @@ def load_any_model(
 ) -> tuple[GPT | HFCausalLM, dict]:
     """:func:`rove.checkpoint.load_model` for a model of either class: rove's GPT, or a
     finetuned Hugging Face model as :class:`~rove.hf.causal_lm.HFCausalLM`."""
-    from rove.checkpoint import META_FILE, CheckpointError, load_checkpoint, restore_eval_model
+    from rove.checkpoint import load_built_model
 
-    ckpt = load_checkpoint(path, device=device, optimizer=False)
-    try:
-        model = model_from_config(ckpt.meta["model_config"]).to(device)
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{ckpt.path / META_FILE}: bad model_config ({err})") from None
-    return restore_eval_model(model, ckpt)
+    return load_built_model(path, model_from_config, device)
