@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fresh_process import run_python
+from hf_folders import tiny_llama_folder
 from preemption import assert_same_run, preempted_at_batch
 from rove import run_files
 from rove.checkpoint import CheckpointError, load_model
@@ -27,17 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """A random 2-layer Llama with rove's byte tokenizer as its tokenizer.json."""
-    from rove.hf.tokenizer import save_hf_tokenizer
-
-    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
-    config = transformers.LlamaConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    save_hf_tokenizer(get_tokenizer("byte"), folder)
-    return folder
+    return tiny_llama_folder(tmp_path_factory.mktemp("models") / "tiny-llama", 256)
 
 
 @pytest.fixture(scope="module")

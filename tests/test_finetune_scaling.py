@@ -16,9 +16,10 @@ import sys
 import pytest
 import torch
 
+from hf_folders import tiny_llama_folder
 from preemption import assert_same_run, preempted_at_batch
 from rove.checkpoint import load_checkpoint, load_model
-from rove.data import get_tokenizer, prepare_dataset
+from rove.data import prepare_dataset
 from rove.finetune import main as finetune_main
 from rove.model import GPT, PRESETS, GPTConfig
 from rove.train import TrainConfig, train
@@ -211,18 +212,8 @@ def test_the_command_line(source, capsys):
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """A random 2-layer Llama trained (so to speak) at 32 tokens, with rove's byte tokenizer."""
-    transformers = pytest.importorskip("transformers")
-    from rove.hf.tokenizer import save_hf_tokenizer
-
-    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
-    config = transformers.LlamaConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    save_hf_tokenizer(get_tokenizer("byte"), folder)
-    return folder
+    pytest.importorskip("transformers")
+    return tiny_llama_folder(tmp_path_factory.mktemp("models") / "tiny-llama", 32)
 
 
 @pytest.mark.parametrize("pos", ["rope", "rove"])
