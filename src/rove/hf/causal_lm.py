@@ -28,6 +28,7 @@ from torch import nn
 from rove.atomic import check_replaceable, replace_folder
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, HFPos, convert, current_pos
 from rove.hf.model_card import is_rove_card
+from rove.hf.tokenizer import TOKENIZER_FILES
 from rove.rotary import SCALING_KINDS, Scaling, scaling_on_top
 from rove.sampling import check_sampling, next_tokens
 
@@ -37,9 +38,9 @@ POSITIONS: tuple[str, ...] = ("rope", "rove")
 _MARKS = ("rove", "auto_map")  # what rove.hf.pretrained adds to a saved RoVE config
 # files a Hugging Face save (model and tokenizer) writes: save_pretrained replaces only these
 _HF_FILES = re.compile(
-    r"(config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens)\.json"
-    r"|model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|modeling_rove\.py"
-    r"|vocab\.json|merges\.txt|tokenizer\.model|chat_template\.jinja"
+    r"(config|generation_config)\.json|model(-\d+-of-\d+)?\.safetensors"
+    r"|model\.safetensors\.index\.json|modeling_rove\.py|"
+    + "|".join(map(re.escape, TOKENIZER_FILES))
 )
 
 

@@ -35,6 +35,7 @@ from rove._version import __version__
 from rove.atomic import check_replaceable, replace_folder, write_json_atomic
 from rove.hf.model_card import write_export_card
 from rove.hf.progress import no_progress_bars
+from rove.hf.tokenizer import TOKENIZER_FILES
 from rove.lock import lock_folder
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
@@ -372,24 +373,13 @@ class _TokenizerFiles:
     """The files of a Hugging Face tokenizer's folder, saved by copying them unchanged: the
     model's own tokenizer (chat template and special tokens included) goes with it."""
 
-    NAMES = (
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "added_tokens.json",
-        "chat_template.jinja",
-        "tokenizer.model",
-        "vocab.json",
-        "merges.txt",
-    )
-
     def __init__(self, folder: Path) -> None:
         if not (folder / "tokenizer.json").is_file():
             raise ValueError(f"{folder}: no tokenizer.json to export with the model")
         self.folder = folder
 
     def save_pretrained(self, out: str | Path) -> None:
-        for name in self.NAMES:
+        for name in TOKENIZER_FILES:
             if (self.folder / name).is_file():
                 shutil.copyfile(self.folder / name, Path(out) / name)
 

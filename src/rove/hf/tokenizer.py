@@ -22,7 +22,19 @@ from rove.data.tokenizers import (
     _gpt2_byte_alphabet,
 )
 
-__all__ = ["hf_tokenizer", "save_hf_tokenizer"]
+__all__ = ["TOKENIZER_FILES", "hf_tokenizer", "save_hf_tokenizer"]
+
+# what a Hugging Face tokenizer's save writes, across tokenizer kinds
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], regex: bool) -> Any:
