@@ -136,13 +136,12 @@ def _demo(out: Path, *, progress: bool, force: bool) -> int:
             print(f"rove finetune: {err}; run the same command again to continue")
             return err.exit_code
     ft = TrainConfig(init_from=str(base_dir), max_steps=DEMO_STEPS, out_dir=str(out))
-    cfg = compare_config(ft, [0, 1, 2], dataclasses.asdict(demo_config().eval))
-    cfg = dataclasses.replace(
-        cfg,
-        out_dir=str(out),
-        title=f"RoVE on a RoPE model pretrained here: {DEMO_STEPS} steps continued as RoVE vs "
-        "as RoPE (rove finetune --demo)",
+    title = (
+        f"RoVE on a RoPE model pretrained here: {DEMO_STEPS} steps continued as RoVE vs as RoPE "
+        "(rove finetune --demo)"
     )
+    cfg = compare_config(ft, [0, 1, 2], dataclasses.asdict(demo_config().eval), title)
+    cfg = dataclasses.replace(cfg, out_dir=str(out))  # the demo folder holds the base run too
     return run_and_print("rove finetune", cfg, progress=progress, force=force)
 
 
