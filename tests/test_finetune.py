@@ -195,3 +195,31 @@ def test_a_rove_model_is_compared_with_itself_continued_as_the_control(source, t
     cfg.validate()
     with pytest.raises(ValueError, match=r"baseline 'rope'.*baseline 'rove'"):
         dataclasses.replace(cfg, baseline="rope").validate()
+
+
+def test_the_quick_finetune_demo_end_to_end_and_resume(tmp_path, monkeypatch):
+    """``rove finetune --demo --quick``: pretrain the RoPE base, continue both arms over two
+    seeds, evaluate, report the recovery; a second run reuses everything on disk."""
+    from rove.cli import main as rove
+
+    monkeypatch.setenv("ROVE_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "demo"
+    argv = ["finetune", "--demo", "--quick", "--no-progress", "--out", str(out)]
+    assert rove(argv) == 0
+    assert (out / "base-rope" / run_files.SUMMARY).is_file()
+    results = json.loads((out / run_files.RESULTS).read_text())
+    runs = {(r["pos"], r["seed"]): r for r in results["runs"]}
+    assert sorted(runs) == [("rope", 0), ("rope", 1), ("rove", 0), ("rove", 1)]
+    base_loss = json.loads((out / "base-rope" / run_files.SUMMARY).read_text())["final_val_loss"]
+    for (pos, _), run in runs.items():
+        steps = [p["step"] for p in run["curve"] if p.get("val_loss") is not None]
+        assert steps == list(range(11)), pos  # validation at every step of 10
+        assert run["train"]["steps"] == 10
+    assert runs["rope", 0]["curve"][0]["val_loss"] == base_loss  # the control starts as the base
+    report = (out / run_files.REPORT).read_text()
+    assert "## Recovery" in report and "(rove finetune --demo --quick)" in report
+    assert (out / "recovery.png").stat().st_size > 0
+
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("**/summary.json")}
+    assert rove(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in out.glob("**/summary.json")} == stamps

@@ -6,6 +6,7 @@ Examples::
     rove finetune ./my-llama --data-dir data/llama --max-steps 500 --seq-len 512
     rove finetune runs/tiny-rope-seed0 --compare --max-steps 200  # both arms x 3 seeds, a report
     rove finetune --demo                                          # all of it on a CPU, minutes
+    rove finetune --demo --quick                                  # its smoke test, seconds
 
 ``MODEL`` is a rove run (or checkpoint) folder or a Hugging Face folder of a type
 :func:`rove.hf.convert` supports. The run is ``rove train`` with ``init_from=MODEL``
@@ -21,7 +22,8 @@ length with and without YaRN, RULER-lite, paired statistics).
 
 ``--demo`` is that experiment on the embedded corpus, from nothing: it pretrains a RoPE model
 with ``rove demo``'s recipe (160 steps), then compares both arms continued for
-``DEMO_STEPS`` steps over 3 seeds, evaluated as ``rove demo`` evaluates.
+``DEMO_STEPS`` steps over 3 seeds, evaluated as ``rove demo`` evaluates. ``--quick`` is its
+smoke version: ``rove demo --quick``'s nano recipe, a few steps, 2 seeds.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from rove import run_files
 from rove.compare import CompareConfig, config_from_dict, run_and_print
-from rove.demo import DEMO_TRAIN, demo_config
+from rove.demo import DEMO_TRAIN, QUICK_TRAIN, demo_config
 from rove.functional import ROTARY_POS
 from rove.terminal import command, key_value, raise_on_signals
 from rove.train import cli as train_cli
@@ -42,12 +44,24 @@ from rove.train.config import TrainConfig
 from rove.train.loop import TrainingInterrupted
 from rove.train.source import read_source
 
-__all__ = ["DEMO_OUT", "DEMO_STEPS", "build_parser", "compare_config", "demo_base", "main"]
+__all__ = [
+    "DEMO_OUT",
+    "DEMO_STEPS",
+    "QUICK_OUT",
+    "QUICK_STEPS",
+    "build_parser",
+    "compare_config",
+    "demo_base",
+    "main",
+]
 
 RUN_FIELDS = ("pos", "seed", "out_dir", "run_name")  # what a comparison sets per run
 DEMO_OUT = "runs/finetune-demo"
 DEMO_STEPS = 80  # half the base's 160: long enough to see whether RoVE recovers
+QUICK_OUT = "runs/finetune-demo-quick"
+QUICK_STEPS = 10  # a third of the quick base's 30
 COMPARE_FLAGS = ("--seeds", "--eval", "--title", "--force")  # what only --compare reads
+DEMO_FLAGS = ("--demo", "--quick", "--out", "--force", "--no-progress")  # what --demo reads
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"no MODEL: pretrain a RoPE model on the embedded corpus, then --compare both "
         f"arms continued {DEMO_STEPS} steps (into --out, default {DEMO_OUT})",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"with --demo: a smoke test (nano models, a few steps; default --out {QUICK_OUT})",
     )
     g = p.add_argument_group("comparison (--compare)")
     g.add_argument(
@@ -116,16 +135,18 @@ def compare_config(
     )
 
 
-def demo_base(out_dir: Path) -> TrainConfig:
-    """The RoPE model ``--demo`` continues: ``rove demo``'s RoPE recipe, seed 0."""
+def demo_base(out_dir: Path, quick: bool = False) -> TrainConfig:
+    """The RoPE model ``--demo`` continues: ``rove demo``'s RoPE recipe (``--quick``'s with
+    ``quick``), seed 0."""
+    recipe = QUICK_TRAIN if quick else DEMO_TRAIN
     return TrainConfig.from_dict(
-        {**DEMO_TRAIN, "pos": "rope", "out_dir": str(out_dir), "run_name": "base-rope"}
+        {**recipe, "pos": "rope", "out_dir": str(out_dir), "run_name": "base-rope"}
     )
 
 
-def _demo(out: Path, *, progress: bool, force: bool) -> int:
+def _demo(out: Path, *, quick: bool, progress: bool, force: bool) -> int:
     """``--demo``: pretrain (or reuse) the RoPE base in ``out``, then compare both arms."""
-    base = demo_base(out)
+    base = demo_base(out, quick)
     base_dir = out / "base-rope"
     if not (base_dir / run_files.SUMMARY).is_file():
         print(f"rove finetune --demo: pretraining the RoPE model to continue, {base_dir}")
@@ -135,12 +156,13 @@ def _demo(out: Path, *, progress: bool, force: bool) -> int:
         except TrainingInterrupted as err:
             print(f"rove finetune: {err}; run the same command again to continue")
             return err.exit_code
-    ft = TrainConfig(init_from=str(base_dir), max_steps=DEMO_STEPS, out_dir=str(out))
+    steps, seeds = (QUICK_STEPS, [0, 1]) if quick else (DEMO_STEPS, [0, 1, 2])
+    ft = TrainConfig(init_from=str(base_dir), max_steps=steps, dtype=base.dtype, out_dir=str(out))
     title = (
-        f"RoVE on a RoPE model pretrained here: {DEMO_STEPS} steps continued as RoVE vs as RoPE "
-        "(rove finetune --demo)"
+        f"RoVE on a RoPE model pretrained here: {steps} steps continued as RoVE vs as RoPE "
+        f"(rove finetune --demo{' --quick' if quick else ''})"
     )
-    cfg = compare_config(ft, [0, 1, 2], dataclasses.asdict(demo_config().eval), title)
+    cfg = compare_config(ft, seeds, dataclasses.asdict(demo_config(quick).eval), title)
     cfg = dataclasses.replace(cfg, out_dir=str(out))  # the demo folder holds the base run too
     return run_and_print("rove finetune", cfg, progress=progress, force=force)
 
@@ -153,12 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     given = argv if argv is not None else sys.argv[1:]
     flags = {a.split("=")[0] for a in given if a.startswith("--")}
     if args.demo:
-        if args.init_from is not None or flags - {"--demo", "--out", "--no-progress", "--force"}:
+        if args.init_from is not None or flags - set(DEMO_FLAGS):
             parser.error(
-                "--demo takes no MODEL, and of the flags only --out, --force and --no-progress"
+                f"--demo takes no MODEL, and of the flags only {', '.join(DEMO_FLAGS[1:])}"
             )
-        out = Path(args.out_dir) if "--out" in flags else Path(DEMO_OUT)
-        return _demo(out, progress=not args.no_progress, force=args.force)
+        default = QUICK_OUT if args.quick else DEMO_OUT
+        out = Path(args.out_dir) if "--out" in flags else Path(default)
+        return _demo(out, quick=args.quick, progress=not args.no_progress, force=args.force)
+    if args.quick:
+        parser.error("--quick goes with --demo")
     if args.init_from is None:
         parser.error("give the MODEL to continue (a rove run or a Hugging Face folder), or --demo")
     train_cfg = train_cli.config_from_args(args, stored)
