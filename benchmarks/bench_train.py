@@ -10,7 +10,7 @@ absolute numbers. Every run is appended to RESULTS.md.
 - CPU (default without CUDA): the tiny presets, RoPE and RoVE side by side.
 - CUDA: GPT-2 124M at batch 32 x 1024, bf16, compiled: RoPE, RoVE, and a minimal compiled
   GPT-2 + RoPE step written in this file (no rove code at all) as the reference.
-  Goals (issue 14): rove / rope <= 1.02 eager and <= 1.005 compiled; the compiled RoPE step
+  Goals: rove / rope <= 1.02 eager and <= 1.005 compiled; the compiled RoPE step
   no slower than the reference.
 
 Run:

@@ -35,7 +35,7 @@ f. ``pilot`` (opt-in): small RoPE and RoVE models trained on the embedded corpus
 
 Timing goes through ``harness``: warm-up, interleaved rounds in a rotating order, batches of
 calls between CUDA events, medians with interquartile ranges, ratios paired per round. The goals
-of issue 14 are stated with the measured value and met / missed / not measured.
+(``GOALS``) are stated with the measured value and met / missed / not measured.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,3 +74,13 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded stdlib corpus in byte tokens (300,000, train and val), prepared once for every
+    test that trains on it; shared, so a test reads it and never changes it."""
+    from rove.data import prepare_dataset  # after TRITON_INTERPRET is set above
+
+    out = tmp_path_factory.mktemp("data") / "stdlib-byte"
+    return prepare_dataset("stdlib", out, "byte", max_tokens=300_000, workers=1, progress=False)

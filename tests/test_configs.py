@@ -120,7 +120,7 @@ def _error_line(capsys: pytest.CaptureFixture, prog: str) -> str:
     return lines[0]
 
 
-# the repros 9-12: a --config file with a wrong-typed field
+# a --config file with a wrong-typed field
 @pytest.mark.parametrize(
     "stored, needle",
     [
@@ -154,7 +154,7 @@ def test_compare_config_file_with_invalid_json_names_it(
     assert f"{path}: not valid JSON" in _error_line(capsys, "rove compare")
 
 
-# the repros 13-14: --model KEY=VALUE with a wrong-typed value
+# --model KEY=VALUE with a wrong-typed value
 @pytest.mark.parametrize(
     "override, needle",
     [

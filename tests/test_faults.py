@@ -33,7 +33,7 @@ from rove import run_files
 from rove.checkpoint import load_checkpoint
 from rove.compare import CompareConfig, StaleRunError, run_compare
 from rove.compare import main as compare_main
-from rove.data import TokenLoader, prepare_dataset
+from rove.data import TokenLoader
 from rove.eval.suite import EvalConfig
 from rove.lock import FolderLockedError
 from rove.train import CheckpointError, TrainConfig, latest_checkpoint, train
@@ -71,12 +71,6 @@ sys.exit(main(sys.argv[1:]))
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "stdlib-byte"
-    return prepare_dataset("stdlib", out, "byte", max_tokens=200_000, workers=1, progress=False)
 
 
 def settings(data_dir: Path, out_dir: Path, **kw) -> dict:

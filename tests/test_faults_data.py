@@ -1,4 +1,4 @@
-"""Data-side faults (issue 9): identity of prepared data, atomic re-preparation, corpora as users
+"""Data-side faults: identity of prepared data, atomic re-preparation, corpora as users
 have them, and checks that must fail at start rather than mid-run.
 
 Each test reproduces a failure seen with the earlier code (noted per test).

@@ -27,13 +27,15 @@ from rove.checkpoint import (
     save_checkpoint,
 )
 from rove.compare import main as compare_main
-from rove.data import get_tokenizer, prepare_dataset
+from rove.data import get_tokenizer
 from rove.model import GPT, get_preset
 from rove.train import TrainConfig, train
 from rove.train import loop as loop_module
 from rove.train.cli import main as train_main
 from rove.train.loop import TrainingInterrupted
 from rove.train.metrics import read_metrics
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 class Unhandled(Exception):
@@ -49,20 +51,6 @@ def signals_fail_the_test() -> Iterator[None]:
     yield
     for s, handler in previous.items():
         signal.signal(s, handler)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "stdlib-byte"
-    return prepare_dataset("stdlib", out, "byte", max_tokens=60_000, workers=1, progress=False)
 
 
 def nano(data_dir: Path, out_dir: Path, **kw: object) -> TrainConfig:
@@ -253,7 +241,7 @@ def test_resume_after_a_torn_metrics_append(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The issue's repro 8. Before: a JSON error naming no file; the run could not resume."""
+    """Before: a JSON error naming no file; the run could not resume."""
     run = interrupted_run(data_dir, tmp_path, monkeypatch)
     metrics = run / run_files.METRICS
     with open(metrics, "a") as f:

@@ -16,7 +16,6 @@ from fresh_process import run_python
 from preemption import assert_same_run, preempted_at_batch
 from rove import run_files
 from rove.checkpoint import load_model
-from rove.data import prepare_dataset
 from rove.finetune import compare_config, main
 from rove.model import GPT
 from rove.train import TrainConfig, train
@@ -24,12 +23,6 @@ from rove.train.metrics import read_metrics
 from rove.train.source import build_source_model, read_source
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "stdlib-byte"
-    return prepare_dataset("stdlib", out, "byte", max_tokens=300_000, workers=1, progress=False)
 
 
 @pytest.fixture(scope="module")

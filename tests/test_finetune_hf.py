@@ -32,16 +32,16 @@ def llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def data_dir(llama, tmp_path_factory):
+def llama_data(llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("data") / "stdlib-llama"
     return prepare_dataset(
         "stdlib", out, f"hf:{llama}", max_tokens=200_000, workers=1, progress=False
     )
 
 
-def finetune(llama, data_dir, out_dir, **kw) -> TrainConfig:
+def finetune(llama, llama_data, out_dir, **kw) -> TrainConfig:
     fields = dict(
-        init_from=str(llama), data_dir=str(data_dir), out_dir=str(out_dir), seq_len=64,
+        init_from=str(llama), data_dir=str(llama_data), out_dir=str(out_dir), seq_len=64,
         micro_batch=8, tokens_per_step=512, max_steps=8, eval_tokens=1024, lr=3e-3,
         dtype="fp32",
     )  # fmt: skip
@@ -64,13 +64,13 @@ def test_the_arms_start_as_the_stock_model_and_as_its_conversion(llama):
         assert not torch.allclose(rove(idx), rope(idx), atol=1e-4)
 
 
-def test_both_arms_train_evaluate_and_the_rove_arm_saves_as_rove(llama, data_dir, tmp_path):
+def test_both_arms_train_evaluate_and_the_rove_arm_saves_as_rove(llama, llama_data, tmp_path):
     from rove.eval.suite import EvalConfig, evaluate_checkpoint
     from rove.hf.export import export_run
 
     curves = {}
     for pos in ("rope", "rove"):
-        run_dir = train(finetune(llama, data_dir, tmp_path, pos=pos), progress=False)
+        run_dir = train(finetune(llama, llama_data, tmp_path, pos=pos), progress=False)
         assert run_dir.name == f"tiny-llama-{pos}-seed0"
         curves[pos] = {r["step"]: r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r}
         assert sorted(curves[pos]) == list(range(9))  # validation every tenth, at least 1 step
@@ -107,24 +107,23 @@ def test_both_arms_train_evaluate_and_the_rove_arm_saves_as_rove(llama, data_dir
         torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(idx), rtol=0, atol=1e-5)
 
 
-def test_an_interrupted_hf_finetune_resumes_bit_for_bit(llama, data_dir, tmp_path, monkeypatch):
+def test_an_interrupted_hf_finetune_resumes_bit_for_bit(llama, llama_data, tmp_path, monkeypatch):
     full = train(
-        finetune(llama, data_dir, tmp_path / "full", checkpoint_interval=3), progress=False
+        finetune(llama, llama_data, tmp_path / "full", checkpoint_interval=3), progress=False
     )
 
-    cut_cfg = finetune(llama, data_dir, tmp_path / "cut", checkpoint_interval=3)
+    cut_cfg = finetune(llama, llama_data, tmp_path / "cut", checkpoint_interval=3)
     with preempted_at_batch(5):
         train(cut_cfg, progress=False)
     resumed = train(cut_cfg, progress=False, resume=True)
     assert_same_run(resumed, full)
 
 
-def test_data_in_another_tokenizer_are_refused_before_any_work(llama, tmp_path, monkeypatch):
-    byte_data = prepare_dataset(
-        "stdlib", tmp_path / "byte", "byte", max_tokens=50_000, workers=1, progress=False
-    )
-    monkeypatch.chdir(tmp_path)
-    cfg = TrainConfig(init_from=str(llama), data_dir=str(byte_data), max_steps=2, out_dir="out")
+def test_data_in_another_tokenizer_are_refused_before_any_work(
+    llama, data_dir, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # data_dir: the stdlib corpus in byte tokens (tests/conftest.py)
+    cfg = TrainConfig(init_from=str(llama), data_dir=str(data_dir), max_steps=2, out_dir="out")
     with pytest.raises(ValueError, match=f"model {llama}"):
         train(cfg, progress=False)
     assert not (tmp_path / "out").exists()

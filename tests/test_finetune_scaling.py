@@ -32,12 +32,6 @@ YARN_2 = {"type": "yarn", "factor": 2.0, "original_max_position": 32}
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "stdlib-byte"
-    return prepare_dataset("stdlib", out, "byte", max_tokens=100_000, workers=1, progress=False)
-
-
-@pytest.fixture(scope="module")
 def source(data_dir, tmp_path_factory):
     """A nano RoPE model (context 32) trained a few steps: the model every test continues."""
     cfg = TrainConfig(

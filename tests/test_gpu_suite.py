@@ -54,7 +54,7 @@ def device_suite(monkeypatch):
 
 def test_kernel_checks_keep_to_the_device(device_suite):
     """Every case, op, backend and dtype of the checks builds its tensors on the device (the
-    loss weights of issue 19's item 1 were made on the CPU)."""
+    loss weights of the checks were once made on the CPU)."""
     for case in gpu_suite.check_cases(device_suite.sizes.check_heads):
         inputs = device_suite.check_inputs(case)
         for op in ("rotate_qkv", "unrotate", "rotate"):

@@ -27,7 +27,7 @@ def cache_kwarg() -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox")  # the five: most tests
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox")  # the common five: most tests
 MORE_ARCHS = (
     "mixtral",
     "qwen2_moe",

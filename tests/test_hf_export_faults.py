@@ -1,5 +1,5 @@
 """``rove export`` is written like a checkpoint: whole or not at all, never over files rove did
-not write, never into a run folder (issue 21, repros 1-3)."""
+not write, never into a run folder."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PEFT LoRA on converted models (issue 24) and adapter-only saves that stay RoVE (issue 22).
+"""PEFT LoRA on converted models and adapter-only saves that stay RoVE.
 
 Runs where ``peft`` is installed (the ``dev`` extra); tiny random models as in test_hf_convert.
 """

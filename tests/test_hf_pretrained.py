@@ -1,4 +1,4 @@
-"""A converted model stays RoVE through ``save_pretrained`` / ``from_pretrained`` (issue 22.1).
+"""A converted model stays RoVE through ``save_pretrained`` / ``from_pretrained``.
 
 Tiny random models built from configs (no hub), as in test_hf_convert.
 """

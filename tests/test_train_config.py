@@ -180,3 +180,23 @@ def test_cli_dry_run_and_errors(capsys):
     assert out["train"]["max_steps"] == 19_073 and out["grad_accum"] == 16
     assert main(["--preset", "nano", "--micro-batch", "7", "--dry-run"]) == 2
     assert "tokens_per_step" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("max_steps", "warmup"), [(5, 0), (9, 0), (10, 10), (200, 10)])
+def test_a_run_shorter_than_its_recipes_warmup_warms_up_for_a_tenth(max_steps, warmup):
+    assert RECIPES["nano"]["warmup_steps"] == 10
+    assert TrainConfig(preset="nano", max_steps=max_steps).resolve().warmup_steps == warmup
+
+
+def test_a_shortened_warmup_is_said_in_one_line_and_an_explicit_one_is_kept(capsys):
+    assert main(["--preset", "nano", "--max-steps", "5", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["train"]["warmup_steps"] == 0
+    assert err.splitlines() == [
+        "rove train: warm-up 0 steps, a tenth of the run's 5: the nano recipe's 10 is longer "
+        "than the run"
+    ]
+    assert main(["--preset", "nano", "--max-steps", "50", "--dry-run"]) == 0
+    assert capsys.readouterr().err == ""  # the recipe's warm-up fits: nothing to say
+    assert main(["--preset", "nano", "--max-steps", "5", "--warmup-steps", "8", "--dry-run"]) == 2
+    assert "warmup_steps (8) must be <= max_steps (5)" in capsys.readouterr().err

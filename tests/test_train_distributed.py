@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rove.data import prepare_dataset
 from rove.train import TrainConfig, load_checkpoint, train
 from rove.train.distributed import init_distributed
 from rove.train.metrics import read_metrics
@@ -53,12 +52,6 @@ def _worker(rank: int, port: int, cfg: TrainConfig) -> None:
     )
     torch.set_num_threads(1)
     train(cfg, progress=False)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "stdlib-byte"
-    return prepare_dataset("stdlib", out, "byte", max_tokens=200_000, workers=1, progress=False)
 
 
 def test_two_processes_match_one(data_dir, tmp_path):

@@ -10,7 +10,6 @@ import json
 import pytest
 
 from preemption import assert_same_run, preempted_at_batch
-from rove.data import prepare_dataset
 from rove.model import GPT
 from rove.train import NonFiniteLossError, TrainConfig, latest_checkpoint, load_model, train
 from rove.train import setup as train_setup
@@ -18,12 +17,6 @@ from rove.train.cli import main
 from rove.train.metrics import read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "stdlib-byte"
-    return prepare_dataset("stdlib", out, "byte", max_tokens=300_000, workers=1, progress=False)
 
 
 def nano(data_dir, out_dir, **kw) -> TrainConfig:

@@ -10,7 +10,6 @@ import pytest
 
 from rove import run_files
 from rove.compare import _stale_fields
-from rove.data import prepare_dataset
 from rove.train import TrainConfig, train
 from rove.train.cli import main
 
@@ -63,12 +62,10 @@ def test_a_replayed_recipe_names_its_run_after_the_flags(
 
 
 @pytest.fixture(scope="module")
-def nano_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def nano_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("recipe")
-    data = prepare_dataset("stdlib", tmp / "data", "byte", max_tokens=60_000, workers=1,
-                           progress=False)  # fmt: skip
     cfg = TrainConfig(
-        preset="nano", data_dir=str(data), out_dir=str(tmp), max_steps=2, warmup_steps=1,
+        preset="nano", data_dir=str(data_dir), out_dir=str(tmp), max_steps=2, warmup_steps=1,
         micro_batch=4, tokens_per_step=128, eval_interval=0, eval_tokens=128, dtype="fp32",
     )  # fmt: skip
     return train(cfg, progress=False)

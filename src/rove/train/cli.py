@@ -46,6 +46,7 @@ from rove.train.config import (
     LR_SCHEDULES,
     TOKENIZERS,
     TrainConfig,
+    warmup_note,
 )
 from rove.train.distributed import PARALLEL
 from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train
@@ -127,7 +128,11 @@ def build_parser(
     g = p.add_argument_group("optimizer and schedule")
     g.add_argument("--lr", type=float, help=f"peak learning rate; {RECIPE}")
     g.add_argument("--min-lr-ratio", type=float, help="final LR / peak LR")
-    g.add_argument("--warmup-steps", type=int, help=f"linear warm-up steps; {RECIPE}")
+    g.add_argument(
+        "--warmup-steps",
+        type=int,
+        help=f"linear warm-up steps; {RECIPE}, or a tenth of a run shorter than that",
+    )
     g.add_argument("--schedule", choices=LR_SCHEDULES, help="LR schedule")
     g.add_argument("--decay-fraction", type=float, help="wsd: fraction decaying")
     g.add_argument("--decay-shape", choices=DECAY_SHAPES, help="wsd decay")
@@ -260,6 +265,9 @@ def run(prog: str, args: argparse.Namespace, config: TrainConfig) -> int:
     main_rank = int(os.environ.get("RANK", "0")) == 0
     cfg = config.resolve()
     grad_accum = cfg.grad_accum_steps(int(os.environ.get("WORLD_SIZE", "1")))
+    note = warmup_note(config, cfg)
+    if note is not None and main_rank:
+        print(f"{prog}: {note}", file=sys.stderr)
     if args.dry_run:
         if main_rank:
             print(json.dumps(recipe(cfg, grad_accum), indent=2))

@@ -434,11 +434,14 @@ class TrainConfig:
                 f"{budget // per_step} steps of {per_step} tokens; set only one"
             )
         values["max_steps"], values["token_budget"] = steps, budget
-        if self.init_from is not None:  # a continuation is short: a tenth of it warms up,
-            if self.warmup_steps is None:  # and ten validations draw its recovery curve
-                values["warmup_steps"] = min(values["warmup_steps"], steps // 10)
-            if self.eval_interval is None:
-                values["eval_interval"] = min(values["eval_interval"], max(1, steps // 10))
+        # a continuation is short, and so is a run shorter than its recipe's warm-up (a smoke
+        # run): a tenth of it warms up (warmup_note says so of the latter)
+        short = self.init_from is not None or values["warmup_steps"] > steps
+        if self.warmup_steps is None and short:
+            values["warmup_steps"] = min(values["warmup_steps"], steps // 10)
+        if self.init_from is not None and self.eval_interval is None:
+            # ten validations draw a continuation's recovery curve
+            values["eval_interval"] = min(values["eval_interval"], max(1, steps // 10))
         return cast("ResolvedTrainConfig", TrainConfig(**values))
 
     def grad_accum_steps(self, world_size: int = 1) -> int:
@@ -489,6 +492,21 @@ if TYPE_CHECKING:
         max_steps: int
         run_name: str
         compile: bool
+
+
+def warmup_note(config: TrainConfig, resolved: TrainConfig) -> str | None:
+    """The line that says so where :meth:`TrainConfig.resolve` cut a fresh run's warm-up, its
+    recipe's being longer than the run; else None (a continuation's is always cut, as
+    ``rove finetune`` documents)."""
+    recipe = RECIPES[config.preset]["warmup_steps"]
+    if config.init_from is not None or config.warmup_steps is not None:
+        return None
+    if resolved.warmup_steps == recipe:
+        return None
+    return (
+        f"warm-up {resolved.warmup_steps} steps, a tenth of the run's {resolved.max_steps}: "
+        f"the {config.preset} recipe's {recipe} is longer than the run"
+    )
 
 
 def _finetune_defaults(values: dict, source: SourceModel) -> dict:
