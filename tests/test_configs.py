@@ -1,8 +1,9 @@
 """Every config field's declared type is enforced, whichever door the value came through.
 
 The wrong values are drawn here from the field's annotation by rules written independently of
-``rove.configs`` (which uses pydantic): a bool is not a number, a number is not a string, a
-string is not a list, ``None`` only where the field is Optional.
+``rove.configs``'s checker: a bool is not a number, a number is not a string, a string is not a
+list, ``None`` only where the field is Optional. Each hint form the checker knows is also tested
+on its own, with where in a value the error points.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Optional, Union
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -111,6 +112,115 @@ def test_from_dict_refuses_a_non_mapping_and_unknown_keys() -> None:
         GPTConfig.from_dict({"n_layers": 2})
     with pytest.raises(ValueError, match="CompareConfig field train must be dict"):
         config_from_dict({"train": [1, 2]})
+
+
+@dataclasses.dataclass
+class Inner:
+    n: int = 0
+
+
+@dataclasses.dataclass
+class Forms:
+    """One field per hint form ``check_types`` knows (``Optional``/``Union`` spelled both ways)."""
+
+    i: int = 0
+    f: float = 0.0
+    b: bool = False
+    s: str = ""
+    none: None = None
+    opt: Optional[int] = None  # noqa: UP045  # the typing spelling is a form too
+    union: Union[int, str] = 0  # noqa: UP007
+    either: int | list[str] = 0
+    lit: Literal["a", 1] = "a"
+    items: list[int] = dataclasses.field(default_factory=list)
+    nested: list[list[float] | None] = dataclasses.field(default_factory=list)
+    many: tuple[int, ...] = ()
+    pair: tuple[int, str] = (0, "")
+    table: dict[str, int] = dataclasses.field(default_factory=dict)
+    anything: dict[str, Any] = dataclasses.field(default_factory=dict)
+    bare: dict = dataclasses.field(default_factory=dict)
+    inner: Inner = dataclasses.field(default_factory=Inner)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("i", -3),
+        ("f", 2),  # an int is a float
+        ("f", float("inf")),
+        ("b", True),
+        ("s", "x"),
+        ("opt", 5),
+        ("union", "x"),
+        ("either", ["a", "b"]),
+        ("lit", 1),
+        ("items", [1, 2]),
+        ("nested", [[1, 2.5], None, []]),
+        ("many", (1, 2, 3)),
+        ("pair", (1, "a")),
+        ("table", {"a": 1}),
+        ("anything", {"a": [None, {}]}),
+        ("bare", {1: object()}),
+        ("inner", Inner(3)),
+    ],
+)
+def test_each_hint_form_accepts_its_values(field: str, value: Any) -> None:
+    check_types(Forms(**{field: value}))
+
+
+@pytest.mark.parametrize(
+    "field, value, detail",
+    [
+        ("i", True, ""),  # a bool is not an int
+        ("i", 1.0, ""),  # nor is a float
+        ("f", False, ""),
+        ("f", "1.5", ""),
+        ("b", 1, ""),
+        ("s", 1, ""),
+        ("s", None, ""),
+        ("none", 0, ""),
+        ("opt", 1.5, ""),
+        ("union", 1.5, ""),
+        ("either", "ab", ""),  # a string is not a list of its characters
+        ("either", ["a", 2], "(either[1]: expected str, got 2)"),
+        ("lit", "b", ""),
+        ("lit", True, ""),  # True == 1, but a bool is not the literal 1
+        ("lit", 1.0, ""),
+        ("items", (1, 2), ""),  # a tuple is not a list
+        ("items", [1, "2"], "(items[1]: expected int, got '2')"),
+        ("nested", [[1.0], [2.0, "x"]], "(nested[1][1]: expected float, got 'x')"),
+        ("nested", [None, 3], "(nested[1]: expected list[float] | None, got 3)"),
+        ("many", [1, 2], ""),
+        ("many", (1, None), "(many[1]: expected int, got None)"),
+        ("pair", (1,), ""),
+        ("pair", (1, 2), "(pair[1]: expected str, got 2)"),
+        ("table", [("a", 1)], ""),
+        ("table", {"a": 1, "b": "2"}, "(table['b']: expected int, got '2')"),
+        ("table", {1: 1}, "(table[1]: expected str, got 1)"),  # a key of the wrong type
+        ("anything", {2: 1}, "(anything[2]: expected str, got 2)"),
+        ("bare", [], ""),
+        ("inner", {"n": 1}, ""),  # a mapping is not the config it would build
+        ("inner", 3, ""),
+    ],
+)
+def test_each_hint_form_refuses_others_naming_the_position(
+    field: str, value: Any, detail: str
+) -> None:
+    with pytest.raises(ValueError) as err:
+        check_types(Forms(**{field: value}))
+    message = str(err.value)
+    assert message.startswith(f"Forms field {field} must be "), message
+    rest = message.partition(f", got {value!r}")[2]
+    assert rest == (f" {detail}" if detail else ""), message
+
+
+def test_a_hint_form_it_does_not_know_is_named() -> None:
+    @dataclasses.dataclass
+    class Odd:
+        s: set[int] = dataclasses.field(default_factory=set)
+
+    with pytest.raises(TypeError, match=r"cannot check the type hint set\[int\]"):
+        check_types(Odd())
 
 
 def _error_line(capsys: pytest.CaptureFixture, prog: str) -> str:
