@@ -17,7 +17,7 @@ from fresh_process import run_python
 transformers = pytest.importorskip("transformers")
 
 import rove.hf  # noqa: E402
-from rove.hf.pretrained import MODEL_TYPE, REMOTE_FILE  # noqa: E402
+from rove.hf.conversion import MODEL_TYPE, REMOTE_FILE  # noqa: E402
 from test_hf_convert import VOCAB, tiny_model  # noqa: E402
 
 # (architecture, rope type): GQA, per-head q/k norms, packed per-head QKV with partial rotary
@@ -99,6 +99,9 @@ def test_a_saved_converted_model_has_a_model_card_never_over_the_users(tmp_path,
     """Stock ``from_pretrained`` refuses the folder pointing at it, with a message that names
     no package: the card says what the model is and how to load it (its code runs with no
     prompt), is rewritten by the next save, and a README.md of the user's is left alone."""
+    from huggingface_hub import ModelCard
+
+    from rove._extras import install_hint
     from rove.data import get_tokenizer
     from rove.hf.model_card import CARD_NAME, MARK
     from rove.hf.tokenizer import save_hf_tokenizer
@@ -109,7 +112,14 @@ def test_a_saved_converted_model_has_a_model_card_never_over_the_users(tmp_path,
     save_hf_tokenizer(get_tokenizer("byte"), tmp_path)  # a tokenizer beside it, as users save
     card = (tmp_path / CARD_NAME).read_text()
     assert MARK in card and "# LlamaForCausalLM with RoVE attention" in card
-    assert 'pip install "rove[hf]"' in card and "`llama`" in card
+    assert install_hint("hf") in card and "`llama`" in card
+    data = ModelCard.load(tmp_path / CARD_NAME).data
+    assert data.pipeline_tag == "text-generation" and data.license == "other"
+    assert {"rove", "llama"} <= set(data.tags) and data.model_name.startswith("LlamaForCausalLM")
+    assert "Not `LlamaForCausalLM.from_pretrained(path)`" in card
+    if int(transformers.__version__.split(".")[0]) >= 5:  # what the card says that does
+        stock = transformers.LlamaConfig.from_pretrained(tmp_path)
+        assert (stock.hidden_size, stock.num_hidden_layers) == (4096, 32)
     asked = record_prompts(monkeypatch)
     loaded = run_card_code(tmp_path)
     assert asked == []

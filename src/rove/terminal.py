@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
+from rove._extras import EXTRAS, install_hint
 from rove.lock import FolderLockedError
 
 __all__ = [
@@ -55,15 +56,6 @@ Value = TypeVar("Value")
 # stale runs), files and folders (OSError: missing, a file where a folder belongs, disk full,
 # permissions), another process holding a folder, an optional extra that is not installed.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FolderLockedError, ImportError)
-# the extra that installs a missing optional package (pyproject's optional-dependencies)
-EXTRAS = {
-    "transformers": "hf",
-    "tokenizers": "hf",
-    "lm_eval": "lm-eval",
-    "datasets": "fineweb",
-    "sklearn": "vision",
-    "triton": "triton",
-}
 
 
 class Interrupted(Exception):
@@ -124,10 +116,9 @@ def command(prog: str) -> Callable[[Main], Main]:
                     raise
                 message = str(err).strip() or type(err).__name__
                 missing = err.name if isinstance(err, ModuleNotFoundError) else None
-                if missing and missing.split(".")[0] in EXTRAS:
-                    message += (
-                        f"; install it with: pip install -e '.[{EXTRAS[missing.split('.')[0]]}]'"
-                    )
+                extra = EXTRAS.get((missing or "").split(".")[0])
+                if extra:
+                    message += f"; it comes with rove's '{extra}' extra, {install_hint(extra)}"
                 print(f"{prog}: error: {message} (--debug for the traceback)", file=sys.stderr)
                 return 2
 
