@@ -202,3 +202,35 @@ def test_bad_saved_state_is_named(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"needs 'rove'.*no-such-model"):
         rove.hf.from_pretrained(tmp_path / "m")
+
+
+def test_the_remote_file_never_asks_for_an_index_package_named_rove():
+    """transformers lists a remote file's top-level imports and asks to pip-install a missing
+    one by its import name; ``modeling_rove.py`` imports rove in a ``try`` block (which that
+    listing skips), so a missing rove is our one line instead, with the command that works."""
+    from transformers.dynamic_module_utils import get_imports
+
+    from rove._extras import install_hint
+
+    assert "rove" not in get_imports(REMOTE_FILE)
+    assert install_hint("hf") in REMOTE_FILE.read_text()  # the file cannot import the constant
+
+
+@pytest.mark.slow  # a second Python importing torch and transformers
+def test_loading_a_saved_converted_model_without_rove_says_how_to_install_it(tmp_path):
+    from rove._extras import install_hint
+
+    rove.hf.convert(tiny_model("llama", dtype=torch.float32)).save_pretrained(tmp_path / "m")
+    code = textwrap.dedent(
+        """
+        import sys, transformers
+        sys.modules["rove"] = None  # as if not installed
+        try:
+            transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+        except ImportError as err:
+            print(err)
+        """
+    )
+    modules = {"HF_MODULES_CACHE": str(tmp_path / "modules")}
+    out = run_python(code, tmp_path / "m", env=modules).strip().splitlines()[-1]
+    assert install_hint("hf") in out and "pip install rove" not in out, out
