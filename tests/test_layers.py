@@ -245,15 +245,18 @@ def test_version_has_one_source() -> None:
     assert "version =" not in (SRC.parent / "pyproject.toml").read_text().split("[tool.")[0]
 
 
-# a subprocess in which the packages of the extras in $MISSING (default: all) are missing,
-# whatever this venv holds
+# a subprocess in which the packages of the extras in $MISSING (default: all) are missing, but
+# those in $KEEP, whatever this venv holds
 WITHOUT_EXTRAS = """
 import importlib, os, sys
 from rove._extras import EXTRAS
 
 missing = os.environ.get("MISSING", ",".join(EXTRAS.values())).split(",")
+keep = os.environ.get("KEEP", "").split(",")
 # None in sys.modules: an import fails as if not installed, find_spec finds nothing
-sys.modules.update(dict.fromkeys(p for p, extra in EXTRAS.items() if extra in missing))
+sys.modules.update(
+    dict.fromkeys(p for p, extra in EXTRAS.items() if extra in missing and p not in keep)
+)
 for name in sys.argv[1:]:
     importlib.import_module(name)
 """
@@ -294,6 +297,20 @@ def test_the_library_needs_no_extra(tmp_path: Path) -> None:
     )
     out = subprocess.run(
         [sys.executable, "-c", code, *library], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.mark.slow  # a Python importing transformers: ~25 s on 2 busy cores
+def test_the_hugging_face_side_needs_only_its_extra() -> None:
+    """``rove.hf`` (convert, from_pretrained, export) imports with the hf extra alone."""
+    hf = [m for m in _modules() if m.startswith("rove.hf")]
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRAS, *hf],
+        capture_output=True,
+        text=True,
+        # transformers itself needs tqdm and pyyaml: the hf extra installs them
+        env={**os.environ, "MISSING": "toolkit", "KEEP": "tqdm,yaml"},
     )
     assert out.returncode == 0, out.stderr[-3000:]
 
