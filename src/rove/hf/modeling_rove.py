@@ -6,9 +6,9 @@ trust_remote_code=True)`` loads the model as RoVE. The code is rove's own (its `
 see :mod:`rove.hf.pretrained`.
 
 The import sits in a ``try`` block because transformers lists a remote file's packages from its
-top-level imports, skipping ``try`` blocks, and tells the user to pip-install each missing one
-by its import name: a package named ``rove`` on the index is not this project. Here a missing rove is one
-line with the command that installs it (this file runs where rove is not installed, so the
+top-level imports, skipping ``try`` blocks, and tells the user to pip-install each missing one by
+its import name: a package named ``rove`` on the index is not this project. Here a missing rove is
+one line with the command that installs it (this file runs where rove is not installed, so the
 command is written out; a test holds it equal to ``rove._extras.install_hint("hf")``).
 """
 

@@ -9,9 +9,10 @@ where Hugging Face keeps model state, in the config. ``convert(model, "rove")`` 
     "model_type": "rove", "rove": {"pos": "rove", "model_type": "llama"},
     "auto_map": {"AutoConfig": "modeling_rove.RoveConfig", ...}
 
-with ``modeling_rove.py`` (one import of :mod:`rove.hf.conversion`, where the config classes live
-because ``convert`` marks a config and the class that loads a marked config converts: the two
-call each other) beside it, and a ``README.md`` model card saying how to load it (:mod:`rove.hf.model_card`; a README.md of the user's is left alone). Hence:
+with ``modeling_rove.py`` beside it (one import of :mod:`rove.hf.conversion`, where the config
+classes live: ``convert`` marks a config, and the class that loads a marked config converts, so
+the two call each other), and a ``README.md`` model card saying how to load it
+(:mod:`rove.hf.model_card`; a README.md of the user's is left alone). Hence:
 
 - a tool that does not know RoVE (stock ``AutoModelForCausalLM.from_pretrained(folder)``,
   vLLM, ...) refuses the unknown model type, or asks for ``trust_remote_code=True``, instead of
