@@ -25,7 +25,7 @@ from rove.hf.export import (
     load_exported,
     main,
 )
-from rove.hf.model_card import CARD_NAME, MARK
+from rove.hf.model_card import CARD_NAME, MARK, TrainingFacts
 from rove.model import GPT, GPTConfig
 from run_folders import save_byte_run
 
@@ -280,6 +280,13 @@ def test_an_exported_runs_card_has_its_tokens_and_final_loss(tmp_path):
     export_run(tmp_path / "run", tmp_path / "out")  # a later run's summary: no loss of ours
     card = ModelCard.load(tmp_path / "out" / CARD_NAME)
     assert card.data.eval_results is None and "validation loss" not in card.text
+
+
+def test_training_facts_name_the_data_never_a_local_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "summary.json").write_text('{"tokens": 5, "final_val_loss": 1.0}')  # not ours
+    meta = {"tokens": 5, "train_config": {"data": "/home/me/secret/notes.txt"}}
+    assert TrainingFacts.from_checkpoint(meta) == TrainingFacts(tokens=5, data="notes.txt")
 
 
 def test_stock_exports_load_their_tokenizer_without_a_prompt(tmp_path, capsys):

@@ -12,6 +12,7 @@ a ``README.md`` without the mark (the user's own, or a hub repository's) is neve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -62,16 +63,16 @@ class TrainingFacts:
         """The facts of a checkpoint (:func:`rove.checkpoint.load_model`'s meta): its tokens
         and data, and the run's final validation loss when the checkpoint is the run's last
         (``summary.json``, written when training ends, counts the same tokens)."""
-        train = meta.get("train_config") or {}
-        data = train.get("data_dir") or train.get("data")
-        val_loss = None
-        run_dir = Path(meta.get("checkpoint", "")).parent.parent  # <run>/checkpoints/<step>
-        try:
-            summary = json.loads((run_dir / run_files.SUMMARY).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            summary = {}
-        if isinstance(summary, dict) and summary.get("tokens") == meta.get("tokens"):
-            val_loss = summary.get("final_val_loss")
+        data = (meta.get("train_config") or {}).get("data")
+        if isinstance(data, str):
+            data = Path(data).name  # a corpus name, or a file's name: never a local path
+        summary: Any = {}
+        if meta.get("checkpoint"):
+            run_dir = Path(meta["checkpoint"]).parent.parent  # <run>/checkpoints/<step>
+            with contextlib.suppress(OSError, ValueError):  # no summary: an unfinished run
+                summary = json.loads((run_dir / run_files.SUMMARY).read_text(encoding="utf-8"))
+        last = isinstance(summary, dict) and summary.get("tokens") == meta.get("tokens")
+        val_loss = summary.get("final_val_loss") if last else None
         return cls(tokens=meta.get("tokens"), data=data, val_loss=val_loss)
 
 
