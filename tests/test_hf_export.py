@@ -275,7 +275,7 @@ def test_an_exported_runs_card_has_its_tokens_and_final_loss(tmp_path):
         2.3457,
     )
     assert result.dataset_split == "validation" and card.data.model_name == "A rove GPT with RoVE"
-    assert "trained on 0 tokens" in card.text and "2.3457 nats per token" in card.text
+    assert "trained by rove on 0 tokens" in card.text and "2.3457 nats per token" in card.text
     (tmp_path / "run" / "summary.json").write_text(json.dumps({**summary, "tokens": 10}))
     export_run(tmp_path / "run", tmp_path / "out")  # a later run's summary: no loss of ours
     card = ModelCard.load(tmp_path / "out" / CARD_NAME)

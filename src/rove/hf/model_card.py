@@ -122,7 +122,8 @@ def _training_section(facts: TrainingFacts) -> str:
     lines = []
     if facts.tokens is not None:
         lines.append(
-            f"- trained on {facts.tokens:,} tokens" + (f" of {facts.data}" if facts.data else "")
+            f"- trained by rove on {facts.tokens:,} tokens"
+            + (f" of {facts.data}" if facts.data else "")
         )
     if facts.val_loss is not None:
         lines.append(f"- final validation loss: {facts.val_loss:.4f} nats per token")
