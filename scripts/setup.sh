@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install what `rove demo` needs: rove and its core dependencies at
+# Create .venv (if missing) and install what `rove demo` needs: rove with its `toolkit` extra at
 # the versions of requirements/lock.txt (a pip constraint file: nothing unasked is installed).
-# Idempotent and quick when done. Extras for development and tests: ./scripts/test.sh; for
+# Idempotent and quick when done. ROVE_EXTRAS picks other extras (the library alone: ROVE_EXTRAS=
+# with nothing after it); for development and tests: ./scripts/test.sh (the dev extra); for
 # Hugging Face, lm-eval, FineWeb or Triton: .venv/bin/pip install -c requirements/lock.txt -e ".[hf]".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,4 +17,4 @@ install() {
         touch "$stamp"
     fi
 }
-install "${ROVE_EXTRAS:-}"
+install "${ROVE_EXTRAS-toolkit}"

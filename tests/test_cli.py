@@ -23,6 +23,8 @@ def test_usage_and_errors(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
     assert all(f"  {name} " in out for name in COMMANDS)
+    lm_eval = next(line for line in out.splitlines() if line.startswith("  lm-eval "))
+    assert "run folders" in lm_eval and "HF folders" in lm_eval  # it reads both
     assert main(["bogus"]) == 2
     assert "unknown command 'bogus'" in capsys.readouterr().err
     assert main(["data"]) == 2

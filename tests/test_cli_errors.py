@@ -214,3 +214,21 @@ def test_a_command_whose_extra_is_not_installed_says_which_to_install(tmp_path):
     out = run_python(code, run, tmp_path / "export", stderr=True)
     assert out.strip().endswith("pip install -e '.[hf]' (--debug for the traceback)"), out
     assert "Traceback" not in out
+
+
+def test_a_command_without_the_toolkit_is_one_line(tmp_path):
+    """The library install (no extra): a toolkit command says, in one line, which extra to
+    install and how (``rove._extras.install_hint``), where importing it fails."""
+    from fresh_process import run_python
+    from rove._extras import install_hint
+
+    code = (
+        "import sys\n"
+        "sys.modules['tqdm'] = None  # as if not installed\n"
+        "from rove.cli import main\n"
+        "sys.exit(main(['demo', '--quick']) - 2)\n"
+    )
+    out = run_python(code, tmp_path, stderr=True).strip()
+    assert out.startswith("rove demo: error: ") and "'toolkit' extra" in out, out
+    assert out.endswith(f"{install_hint('toolkit')} (--debug for the traceback)"), out
+    assert len(out.splitlines()) == 1

@@ -94,7 +94,7 @@ def test_stdlib_source_is_deterministic():
 
 def test_fineweb_missing_datasets_message(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
-    with pytest.raises(ImportError, match=r"pip install rove\[fineweb\]"):
+    with pytest.raises(ImportError, match=r"'fineweb' extra; .*pip install -e '\.\[fineweb\]'"):
         iter_documents("fineweb-edu")
 
 

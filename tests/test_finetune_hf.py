@@ -17,9 +17,10 @@ from preemption import assert_same_run, preempted_at_batch
 from rove import run_files
 from rove.checkpoint import CheckpointError, load_model
 from rove.data import get_tokenizer, prepare_dataset
+from rove.hf.any_model import load_any_model
 from rove.train import TrainConfig, train
 from rove.train.metrics import read_metrics
-from rove.train.source import build_source_model, load_any_model, read_source
+from rove.train.source import build_source_model, read_source
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

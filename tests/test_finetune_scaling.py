@@ -21,10 +21,11 @@ from preemption import assert_same_run, preempted_at_batch
 from rove.checkpoint import load_checkpoint, load_model
 from rove.data import prepare_dataset
 from rove.finetune import main as finetune_main
+from rove.hf.any_model import load_any_model
 from rove.model import GPT, PRESETS, GPTConfig
 from rove.train import TrainConfig, train
 from rove.train.cli import main as train_main
-from rove.train.source import build_source_model, load_any_model, read_source, source_scaling
+from rove.train.source import build_source_model, read_source, source_scaling
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -11,8 +11,10 @@ import torch
 
 pytest.importorskip("transformers")
 import transformers
+from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+from rove._extras import install_hint
 from rove.checkpoint import save_checkpoint
 from rove.data import get_tokenizer
 from rove.hf.export import (
@@ -23,7 +25,7 @@ from rove.hf.export import (
     load_exported,
     main,
 )
-from rove.hf.model_card import CARD_NAME, MARK
+from rove.hf.model_card import CARD_NAME, MARK, TrainingFacts
 from rove.model import GPT, GPTConfig
 from run_folders import save_byte_run
 
@@ -233,7 +235,11 @@ def test_a_rove_export_has_a_model_card_saying_how_to_load_it(tmp_path, monkeypa
     assert "# A rove GPT with RoVE" in card
     for fact in ("2 layers", "width 32", "4 heads, 2 key/value heads", "32-token contexts"):
         assert fact in card
-    assert 'pip install "rove[hf]"' in card and "rove.hf.from_pretrained(path)" in card
+    assert install_hint("hf") in card and "rove.hf.from_pretrained(path)" in card
+    data = ModelCard.load(tmp_path / "rove" / CARD_NAME).data
+    assert data.pipeline_tag == "text-generation" and data.library_name == "transformers"
+    assert data.license == "other" and {"rove", "pos-rove"} <= set(data.tags)
+    assert data.eval_results is None  # no run: no loss to report
     manifest = json.loads((tmp_path / "rove" / EXPORT_MANIFEST).read_text())
     assert manifest["files"] == sorted(
         p.name for p in (tmp_path / "rove").iterdir() if p.name != EXPORT_MANIFEST
@@ -251,6 +257,36 @@ def test_a_rove_export_has_a_model_card_saying_how_to_load_it(tmp_path, monkeypa
     assert not (tmp_path / "rope" / CARD_NAME).exists()
     export_model(random_gpt("rove"), tmp_path / "rove", byte)  # a new export replaces its card
     assert "2 key/value heads" not in (tmp_path / "rove" / CARD_NAME).read_text()
+
+
+def test_an_exported_runs_card_has_its_tokens_and_final_loss(tmp_path):
+    """The card of ``export_run``, parsed back by huggingface_hub: the checkpoint's tokens, and
+    the run's final validation loss as the hub's metric only where the checkpoint is the run's
+    last (``summary.json`` counts the same tokens)."""
+    save_byte_run(tmp_path / "run", random_gpt("rove"), step=3)
+    summary = {"tokens": 0, "final_val_loss": 2.345678}
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    export_run(tmp_path / "run", tmp_path / "out")
+    card = ModelCard.load(tmp_path / "out" / CARD_NAME)
+    (result,) = card.data.eval_results
+    assert (result.task_type, result.metric_type, result.metric_value) == (
+        "text-generation",
+        "loss",
+        2.3457,
+    )
+    assert result.dataset_split == "validation" and card.data.model_name == "A rove GPT with RoVE"
+    assert "trained by rove on 0 tokens" in card.text and "2.3457 nats per token" in card.text
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({**summary, "tokens": 10}))
+    export_run(tmp_path / "run", tmp_path / "out")  # a later run's summary: no loss of ours
+    card = ModelCard.load(tmp_path / "out" / CARD_NAME)
+    assert card.data.eval_results is None and "validation loss" not in card.text
+
+
+def test_training_facts_name_the_data_never_a_local_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "summary.json").write_text('{"tokens": 5, "final_val_loss": 1.0}')  # not ours
+    meta = {"tokens": 5, "train_config": {"data": "/home/me/secret/notes.txt"}}
+    assert TrainingFacts.from_checkpoint(meta) == TrainingFacts(tokens=5, data="notes.txt")
 
 
 def test_stock_exports_load_their_tokenizer_without_a_prompt(tmp_path, capsys):

@@ -17,7 +17,7 @@ from fresh_process import run_python
 transformers = pytest.importorskip("transformers")
 
 import rove.hf  # noqa: E402
-from rove.hf.pretrained import MODEL_TYPE, REMOTE_FILE  # noqa: E402
+from rove.hf.conversion import MODEL_TYPE, REMOTE_FILE  # noqa: E402
 from test_hf_convert import VOCAB, tiny_model  # noqa: E402
 
 # (architecture, rope type): GQA, per-head q/k norms, packed per-head QKV with partial rotary
@@ -99,6 +99,9 @@ def test_a_saved_converted_model_has_a_model_card_never_over_the_users(tmp_path,
     """Stock ``from_pretrained`` refuses the folder pointing at it, with a message that names
     no package: the card says what the model is and how to load it (its code runs with no
     prompt), is rewritten by the next save, and a README.md of the user's is left alone."""
+    from huggingface_hub import ModelCard
+
+    from rove._extras import install_hint
     from rove.data import get_tokenizer
     from rove.hf.model_card import CARD_NAME, MARK
     from rove.hf.tokenizer import save_hf_tokenizer
@@ -109,7 +112,14 @@ def test_a_saved_converted_model_has_a_model_card_never_over_the_users(tmp_path,
     save_hf_tokenizer(get_tokenizer("byte"), tmp_path)  # a tokenizer beside it, as users save
     card = (tmp_path / CARD_NAME).read_text()
     assert MARK in card and "# LlamaForCausalLM with RoVE attention" in card
-    assert 'pip install "rove[hf]"' in card and "`llama`" in card
+    assert install_hint("hf") in card and "`llama`" in card
+    data = ModelCard.load(tmp_path / CARD_NAME).data
+    assert data.pipeline_tag == "text-generation" and data.license == "other"
+    assert {"rove", "llama"} <= set(data.tags) and data.model_name.startswith("LlamaForCausalLM")
+    assert "Not `LlamaForCausalLM.from_pretrained(path)`" in card
+    if int(transformers.__version__.split(".")[0]) >= 5:  # what the card says that does
+        stock = transformers.LlamaConfig.from_pretrained(tmp_path)
+        assert (stock.hidden_size, stock.num_hidden_layers) == (4096, 32)
     asked = record_prompts(monkeypatch)
     loaded = run_card_code(tmp_path)
     assert asked == []
@@ -192,3 +202,35 @@ def test_bad_saved_state_is_named(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"needs 'rove'.*no-such-model"):
         rove.hf.from_pretrained(tmp_path / "m")
+
+
+def test_the_remote_file_never_asks_for_an_index_package_named_rove():
+    """transformers lists a remote file's top-level imports and asks to pip-install a missing
+    one by its import name; ``modeling_rove.py`` imports rove in a ``try`` block (which that
+    listing skips), so a missing rove is our one line instead, with the command that works."""
+    from transformers.dynamic_module_utils import get_imports
+
+    from rove._extras import install_hint
+
+    assert "rove" not in get_imports(REMOTE_FILE)
+    assert install_hint("hf") in REMOTE_FILE.read_text()  # the file cannot import the constant
+
+
+@pytest.mark.slow  # a second Python importing torch and transformers
+def test_loading_a_saved_converted_model_without_rove_says_how_to_install_it(tmp_path):
+    from rove._extras import install_hint
+
+    rove.hf.convert(tiny_model("llama", dtype=torch.float32)).save_pretrained(tmp_path / "m")
+    code = textwrap.dedent(
+        """
+        import sys, transformers
+        sys.modules["rove"] = None  # as if not installed
+        try:
+            transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+        except ImportError as err:
+            print(err)
+        """
+    )
+    modules = {"HF_MODULES_CACHE": str(tmp_path / "modules")}
+    out = run_python(code, tmp_path / "m", env=modules).strip().splitlines()[-1]
+    assert install_hint("hf") in out and "pip install rove" not in out, out

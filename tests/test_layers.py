@@ -2,16 +2,21 @@
 
 Layers, bottom up (a module belongs to the longest prefix listed):
 
-0. base: version, atomic files, locks, precision, terminal, the rotation math (the pure-torch
-   oracle every backend is tested against)
+0. base: version, optional extras, atomic files, locks, precision, terminal, the rotation math
+   (the pure-torch oracle every backend is tested against)
 1. kernels: torch and Triton rotations
 2. rotary: frequency schedules, ``Rotary``/``NDRotary`` tables
 3. attention: functional attention, KV cache, the layer, the explicit reference, group attention,
    token sampling
 4. model: GPT and checkpoint I/O (usable without importing training)
-5. data, train, eval, statistics, generation, Hugging Face
-6. workflows: compare, demo and finetune, reports, analysis, vision
-7. the ``rove`` command line
+
+Layers 0-4 are the library: torch, numpy and safetensors, no extra (checked below). Above them
+the toolkit, one package per layer, so no two of them import each other sideways:
+
+5. data (corpora, tokenizers, shards), 6. statistics, 7. Hugging Face (conversion, export, either
+   model class of a run), 8. training, 9. generation, 10. evaluation, 11. reports, 12. compare,
+   13. demo, 14. finetune, 15. analysis, 16. vision
+17. the ``rove`` command line
 
 Every import counts, also one inside a function: a lazy import upward is still an arrow the wrong
 way. Importing ``a.b.c`` also runs the packages ``a.b``, so their layers count too; the root
@@ -21,6 +26,7 @@ package is exempt because its public names load lazily (checked below).
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +37,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: dict[str, int] = {
     "rove._version": 0,
+    "rove._extras": 0,
     "rove.atomic": 0,
     "rove.lock": 0,
     "rove.precision": 0,
@@ -50,19 +57,20 @@ LAYERS: dict[str, int] = {
     "rove.model": 4,
     "rove.checkpoint": 4,
     "rove.data": 5,
-    "rove.train": 5,
-    "rove.eval": 5,
-    "rove.stats": 5,
-    "rove.generate": 5,
-    "rove.hf": 5,
-    "rove.compare": 6,
-    "rove.finetune": 6,
-    "rove.demo": 6,
-    "rove.report": 6,
-    "rove.analysis": 6,
-    "rove.vision": 6,
-    "rove.cli": 7,
+    "rove.stats": 6,
+    "rove.hf": 7,
+    "rove.train": 8,
+    "rove.generate": 9,
+    "rove.eval": 10,
+    "rove.report": 11,
+    "rove.compare": 12,
+    "rove.demo": 13,
+    "rove.finetune": 14,
+    "rove.analysis": 15,
+    "rove.vision": 16,
+    "rove.cli": 17,
 }
+LIBRARY = 4  # the top layer of the library
 
 
 def layer_of(module: str) -> int:
@@ -131,25 +139,10 @@ def test_no_module_imports_from_a_higher_layer() -> None:
     assert not wrong, "imports against the layering:\n" + "\n".join(sorted(set(wrong)))
 
 
-# the one circle left (issue 23): ``convert`` marks the config through ``pretrained``, which
-# converts at load time; drop the names once it is broken
-KNOWN_CYCLE = {"rove.hf.conversion", "rove.hf.pretrained"}
-
-
-def test_no_import_cycles() -> None:
-    """Imports run one way: no module reaches itself through others (a package importing its
-    own submodules, and a submodule running its parent package, are not arrows here)."""
-    known = _modules()
-    arrows = {
-        module: {
-            name
-            for name, _ in _imports(module, path, known)
-            if name in known and not module.startswith(f"{name}.") and name != module
-        }
-        for module, path in known.items()
-    }
+def _on_cycles(arrows: dict[str, set[str]]) -> list[str]:
+    """The nodes that reach themselves along ``arrows``."""
     cycles = []
-    for start in arrows.keys() - KNOWN_CYCLE:
+    for start in arrows:
         seen, todo = set(), list(arrows[start])
         while todo:
             name = todo.pop()
@@ -158,7 +151,47 @@ def test_no_import_cycles() -> None:
                 todo += arrows.get(name, ())
         if start in seen:
             cycles.append(start)
-    assert not cycles, f"modules on an import cycle: {sorted(cycles)}"
+    return sorted(cycles)
+
+
+def _module_arrows() -> dict[str, set[str]]:
+    """Module -> the modules it imports (a package importing its own submodules, and a
+    submodule running its parent package, are not arrows here)."""
+    known = _modules()
+    return {
+        module: {
+            name
+            for name, _ in _imports(module, path, known)
+            if name in known and not module.startswith(f"{name}.") and name != module
+        }
+        for module, path in known.items()
+    }
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])  # rove.hf.export -> rove.hf
+
+
+def test_no_import_cycles() -> None:
+    """Imports run one way: no module reaches itself through others, with no exception."""
+    cycles = _on_cycles(_module_arrows())
+    assert not cycles, f"modules on an import cycle: {cycles}"
+
+
+def test_no_package_cycles() -> None:
+    """Nor does a package (``rove.hf``, ``rove.train``, ...) through its modules' imports: a
+    package the others build on is read, tested and changed without them."""
+    arrows: dict[str, set[str]] = {}
+    for module, names in _module_arrows().items():
+        arrows.setdefault(_package(module), set()).update(
+            _package(name) for name in names if _package(name) != _package(module)
+        )
+    assert not _on_cycles(arrows), f"packages on an import cycle: {_on_cycles(arrows)}"
+
+
+def test_the_cycle_check_finds_cycles() -> None:
+    assert _on_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c"]
+    assert _on_cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_rule_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
@@ -210,3 +243,100 @@ def test_version_has_one_source() -> None:
 
     assert version("rove") == __version__
     assert "version =" not in (SRC.parent / "pyproject.toml").read_text().split("[tool.")[0]
+
+
+# a subprocess in which the packages of the extras in $MISSING (default: all) are missing, but
+# those in $KEEP, whatever this venv holds
+WITHOUT_EXTRAS = """
+import importlib, os, sys
+from rove._extras import EXTRAS
+
+missing = os.environ.get("MISSING", ",".join(EXTRAS.values())).split(",")
+keep = os.environ.get("KEEP", "").split(",")
+# None in sys.modules: an import fails as if not installed, find_spec finds nothing
+sys.modules.update(
+    dict.fromkeys(p for p, extra in EXTRAS.items() if extra in missing and p not in keep)
+)
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+"""
+
+README = SRC.parent / "README.md"
+
+
+def _library_examples() -> list[str]:
+    """The README's python blocks that use only torch and the library (no extra)."""
+    import re
+
+    known, blocks = _modules(), []
+    for block in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S):
+        tree = ast.parse(block)
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        if all(
+            name == "torch" or name == "rove" or (name in known and layer_of(name) <= LIBRARY)
+            for name in names
+        ):
+            blocks.append(block)
+    return blocks
+
+
+def test_the_library_needs_no_extra(tmp_path: Path) -> None:
+    """Every module of layers 0-4 imports, and the README's library examples run, with the
+    packages of every extra missing: ``pip install`` with no extra is enough for them."""
+    # the Triton kernels are the triton extra's, imported only where it is installed
+    library = [m for m in _modules() if layer_of(m) <= LIBRARY and ".triton_" not in m]
+    examples = _library_examples()
+    assert len(examples) >= 4  # attention, Rotary, packed documents, the layer with a KV cache
+    for i, block in enumerate(examples):
+        (tmp_path / f"readme_{i}.py").write_text(block)
+    code = WITHOUT_EXTRAS + (
+        "import runpy\n"
+        f"for i in range({len(examples)}):\n"
+        f"    runpy.run_path({str(tmp_path)!r} + f'/readme_{{i}}.py')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *library], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.mark.slow  # a Python importing transformers: ~25 s on 2 busy cores
+def test_the_hugging_face_side_needs_only_its_extra() -> None:
+    """``rove.hf`` (convert, from_pretrained, export) imports with the hf extra alone."""
+    hf = [m for m in _modules() if m.startswith("rove.hf")]
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRAS, *hf],
+        capture_output=True,
+        text=True,
+        # transformers itself needs tqdm and pyyaml: the hf extra installs them
+        env={**os.environ, "MISSING": "toolkit", "KEEP": "tqdm,yaml"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_a_missing_extra_is_one_line_naming_it() -> None:
+    """A toolkit module without its extra: one ImportError line with the extra and the command
+    (``rove._extras.install_hint``), never a bare ``No module named ...``."""
+    from rove._extras import install_hint
+
+    for module, extra in [("rove.stats", "toolkit"), ("rove.eval.lm_eval_model", "lm-eval")]:
+        out = subprocess.run(
+            [sys.executable, "-c", WITHOUT_EXTRAS, module],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "MISSING": extra},
+        )
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith("ImportError: ") and f"'{extra}' extra" in last, last
+        assert last.endswith(install_hint(extra)), last
+
+
+def test_no_message_names_an_index_package() -> None:
+    """rove is not on a package index: no text in the package says ``pip install rove``."""
+    hits = [
+        str(path.relative_to(SRC.parent))
+        for path in [*(SRC / "rove").rglob("*.py"), README]
+        if "pip install rove" in path.read_text() or 'pip install "rove' in path.read_text()
+    ]
+    assert not hits, hits

@@ -21,7 +21,7 @@ Notable features:
 - :func:`resume_checkpoint` falls back to the newest checkpoint that loads when ``latest`` is
   missing or its target is damaged, with a warning for each one skipped.
 - ``load_model`` rebuilds a ``GPT`` from the stored config for evaluation, re-tying the
-  embedding and LM head (``rove.train.source.load_any_model`` also a finetuned Hugging Face
+  embedding and LM head (``rove.hf.any_model.load_any_model`` also a finetuned Hugging Face
   model).
 """
 
@@ -522,7 +522,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
     ``meta`` holds ``model_config`` and ``train_config`` (dicts), ``tokenizer`` (identity dict),
     ``train_len`` (training context), ``step``, ``tokens`` (seen in training) and
     ``checkpoint`` (the folder read). A finetuned Hugging Face model is named and refused:
-    :func:`rove.train.source.load_any_model` loads either kind.
+    :func:`rove.hf.any_model.load_any_model` loads either kind.
     """
     return load_built_model(path, _gpt, device)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -20,7 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "vision": ("rove.vision", "2-D RoPE vs RoVE ViT on offline digits, with extrapolation"),
     "data": ("rove.data.prepare", "`rove data prepare`: tokenize a corpus into token shards"),
     "export": ("rove.hf.export", "write a run's model as a Hugging Face folder (+ tokenizer)"),
-    "lm-eval": ("rove.eval.lm_eval_harness", "lm-eval's CLI with the `rove` model type (run dirs)"),
+    "lm-eval": (
+        "rove.eval.lm_eval_harness",
+        "lm-eval's CLI, + model types `rove` (run folders) and `hf-rove` (HF folders as RoVE)",
+    ),
     "generate": ("rove.generate", "sample text from a run or export folder, streamed"),
 }
 
@@ -59,7 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         rest = rest[1:]
     # progress messages (e.g. a line per validation when not on a terminal) go to stderr
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    module = importlib.import_module(COMMANDS[command][0])
+    try:
+        module = importlib.import_module(COMMANDS[command][0])
+    except ImportError as err:  # an extra the command needs is not installed
+        from rove.terminal import error_line
+
+        if "--debug" in rest or os.environ.get("ROVE_DEBUG") == "1":
+            raise
+        print(f"rove {command}: error: {error_line(err)}", file=sys.stderr)
+        return 2
     return int(module.main(rest) or 0)
 
 

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from rove import run_files
+from rove._extras import needs_extra
 from rove.atomic import remove_temp_files, write_json_atomic
 from rove.configs import check_types, dataclass_from_dict, read_json_config
 from rove.eval.suite import EvalConfig, eval_output_lock, evaluate_checkpoint
@@ -59,6 +59,9 @@ from rove.train.config import LOCATION_FIELDS, check_data_tokenizer, run_fingerp
 from rove.train.loop import TrainingInterrupted
 from rove.train.metrics import read_metrics
 from rove.train.source import read_source
+
+with needs_extra("toolkit", __name__):
+    from tqdm.auto import tqdm
 
 __all__ = [
     "RENAMED_FIELDS",

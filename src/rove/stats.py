@@ -21,7 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
+
+from rove._extras import needs_extra
+
+with needs_extra("toolkit", __name__):
+    from scipy import stats as sps
 
 __all__ = [
     "MIN_TEST_N",

@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
+from rove._extras import EXTRAS, install_hint
 from rove.lock import FolderLockedError
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "command",
     "config_defaults",
     "config_from_args",
+    "error_line",
     "interactive",
     "key_value",
     "raise_on_signals",
@@ -55,15 +57,6 @@ Value = TypeVar("Value")
 # stale runs), files and folders (OSError: missing, a file where a folder belongs, disk full,
 # permissions), another process holding a folder, an optional extra that is not installed.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FolderLockedError, ImportError)
-# the extra that installs a missing optional package (pyproject's optional-dependencies)
-EXTRAS = {
-    "transformers": "hf",
-    "tokenizers": "hf",
-    "lm_eval": "lm-eval",
-    "datasets": "fineweb",
-    "sklearn": "vision",
-    "triton": "triton",
-}
 
 
 class Interrupted(Exception):
@@ -106,6 +99,17 @@ def interactive() -> bool:
     return sys.stderr.isatty()
 
 
+def error_line(err: BaseException) -> str:
+    """A user error as the one line a command prints: its message, the extra (and the command
+    that installs it) for a missing optional package, and where the traceback is."""
+    message = str(err).strip() or type(err).__name__
+    missing = err.name if isinstance(err, ModuleNotFoundError) else None
+    extra = EXTRAS.get((missing or "").split(".")[0])
+    if extra:
+        message += f"; it comes with rove's '{extra}' extra, {install_hint(extra)}"
+    return f"{message} (--debug for the traceback)"
+
+
 def command(prog: str) -> Callable[[Main], Main]:
     """Decorate a subcommand's ``main(argv)`` so user errors exit 2 with one line naming them."""
 
@@ -122,13 +126,7 @@ def command(prog: str) -> Callable[[Main], Main]:
             except USER_ERRORS as err:
                 if debug:
                     raise
-                message = str(err).strip() or type(err).__name__
-                missing = err.name if isinstance(err, ModuleNotFoundError) else None
-                if missing and missing.split(".")[0] in EXTRAS:
-                    message += (
-                        f"; install it with: pip install -e '.[{EXTRAS[missing.split('.')[0]]}]'"
-                    )
-                print(f"{prog}: error: {message} (--debug for the traceback)", file=sys.stderr)
+                print(f"{prog}: error: {error_line(err)}", file=sys.stderr)
                 return 2
 
         return run

@@ -14,13 +14,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rove._extras import needs_extra
 from rove.analysis.circuits import CircuitSummary
 
 __all__ = ["plot_kernel_change", "plot_mixer", "plot_offset_kernels", "plot_plane_energy"]
 
 
 def _figure(width: float, height: float):
-    from matplotlib.figure import Figure  # lazy: importing rove.analysis stays cheap
+    with needs_extra("toolkit", "rove analyze's plots"):
+        from matplotlib.figure import Figure  # lazy: importing rove.analysis stays cheap
 
     return Figure(figsize=(width, height), layout="constrained")
 

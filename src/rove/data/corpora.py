@@ -13,7 +13,7 @@
   other files (``.json`` included) are skipped and counted by extension, as are site-packages,
   dist-packages and __pycache__ folders.
 * ``"fineweb-edu"`` -- HuggingFaceFW/fineweb-edu, config ``sample-10BT``, streamed with the
-  optional ``datasets`` package (``pip install rove[fineweb]``).
+  optional ``datasets`` package (the ``fineweb`` extra).
 
 Files are decoded strictly (UTF-8 unless ``encoding`` is given): a binary file (a NUL byte in its
 first 8 KiB) or one that does not decode is skipped with a warning and counted, never trained on as
@@ -35,6 +35,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rove._extras import needs_extra
 
 FOLDER_SUFFIXES = (".txt", ".md", ".rst", ".py")
 JSONL_SUFFIX = ".jsonl"
@@ -222,12 +224,8 @@ def _path_documents(path: Path, encoding: str, report: CorpusReport | None) -> I
 
 
 def _fineweb_edu_documents() -> Iterator[str]:
-    try:
+    with needs_extra("fineweb", "the 'fineweb-edu' source"):
         import datasets
-    except ImportError as err:
-        raise ImportError(
-            "the 'fineweb-edu' source needs the optional 'datasets' package: pip install rove[fineweb]"
-        ) from err
     repo, config = FINEWEB_EDU
     stream = datasets.load_dataset(repo, name=config, split="train", streaming=True)
     return (row["text"] for row in stream)

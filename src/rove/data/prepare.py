@@ -52,8 +52,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
+from rove._extras import needs_extra
 from rove._version import __version__
 from rove.atomic import check_replaceable, swap_in, write_json_atomic
 from rove.data.corpora import (
@@ -481,6 +481,8 @@ def _write_dataset(
     encoded = _encoded_documents(docs, tokenizer, workers)
     total = 0
     name = source.get("path", source["name"])
+    with needs_extra("toolkit", "rove data prepare"):
+        from tqdm import tqdm
     with tqdm(
         total=max_tokens,
         desc=f"prepare {name} ({tok.name})",

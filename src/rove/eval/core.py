@@ -38,11 +38,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
-from tqdm.auto import tqdm
 
+from rove._extras import needs_extra
 from rove.eval.protocol import LanguageModel, TextCodec
 from rove.eval.scoring import ChoiceItem, CompletionItem, centered_accuracy, evaluate_items
+
+with needs_extra("toolkit", __name__):
+    import yaml
+    from tqdm.auto import tqdm
 
 __all__ = [
     "CORE_TASKS",

@@ -23,10 +23,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
+from rove._extras import needs_extra
 from rove.eval.protocol import LanguageModel, TextCodec
 from rove.eval.scoring import encode_pair, model_device, score_continuations
+
+with needs_extra("toolkit", __name__):
+    from tqdm.auto import tqdm
 
 __all__ = ["RoveLMAdapter"]
 

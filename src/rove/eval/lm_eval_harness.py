@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from rove._extras import needs_extra
 from rove.eval.protocol import LanguageModel, TextCodec
 from rove.terminal import command
 
@@ -23,13 +24,8 @@ def make_lm_eval_model(model: LanguageModel, tokenizer: TextCodec, **kwargs: Any
     ``kwargs`` go to :class:`rove.eval.lm_eval_model.RoveLM` (batch_size, max_length,
     max_gen_toks, scaling, scaling_factor).
     """
-    try:
+    with needs_extra("lm-eval", "make_lm_eval_model"):  # even where RoveLM was imported before
         import lm_eval.api.model  # noqa: F401
-    except ImportError as err:
-        raise ImportError(
-            "lm-evaluation-harness is not installed; install the optional extra: "
-            "pip install rove[lm-eval]"
-        ) from err
     from rove.eval.lm_eval_model import RoveLM
 
     return RoveLM(model=model, tokenizer=tokenizer, **kwargs)
@@ -43,12 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     Everything after ``lm-eval`` is lm-eval's arguments, e.g. ``--model rove --model_args
     pretrained=RUN_DIR,max_length=64 --tasks ...``.
     """
-    try:
+    with needs_extra("lm-eval", "rove lm-eval"):
         from lm_eval.__main__ import cli_evaluate
-    except ImportError as err:
-        raise ImportError(
-            "lm-evaluation-harness is not installed; pip install rove[lm-eval]"
-        ) from err
     import rove.eval.lm_eval_model  # noqa: F401  (registers the ``rove`` and ``hf-rove`` types)
     from rove.hf import register_auto_classes
 

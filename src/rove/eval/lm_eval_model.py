@@ -30,9 +30,13 @@ import warnings
 from typing import Any
 
 import torch
-from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
-from lm_eval.models.huggingface import HFLM
+
+from rove._extras import needs_extra
+
+with needs_extra("lm-eval", __name__):
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+    from lm_eval.models.huggingface import HFLM
 
 from rove.eval.lm_eval_adapter import RoveLMAdapter
 from rove.eval.protocol import LanguageModel, TextCodec

@@ -45,11 +45,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from rove._extras import needs_extra
 from rove.eval.protocol import LanguageModel
 from rove.eval.scoring import model_device, rope_scaled, scaling_factor
 from rove.stats import bootstrap_mean_ci
+
+with needs_extra("toolkit", __name__):
+    from tqdm.auto import tqdm
 
 __all__ = ["MIN_WINDOWS", "n_windows_for", "perplexity_vs_length", "window_starts"]
 

@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from rove._extras import needs_extra
 from rove.eval.protocol import LanguageModel, TextCodec
 from rove.eval.qa import QADataset, load_hotpotqa, load_squad_v2
 from rove.eval.scoring import (
@@ -55,6 +55,9 @@ from rove.eval.scoring import (
     score_continuations,
     substring_match,
 )
+
+with needs_extra("toolkit", __name__):
+    from tqdm.auto import tqdm
 
 __all__ = [
     "RULER_GROUPS",

@@ -32,9 +32,12 @@ from functools import partial
 from typing import Literal
 
 import torch
-from tqdm.auto import tqdm
 
+from rove._extras import needs_extra
 from rove.eval.protocol import LanguageModel, TextCodec
+
+with needs_extra("toolkit", __name__):
+    from tqdm.auto import tqdm
 
 __all__ = [
     "ChoiceItem",

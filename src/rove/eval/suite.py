@@ -397,7 +397,7 @@ def evaluate_checkpoint(
     ``data``/``data_dir`` evaluate on other held-out text instead (see ``_held_out_tokens``).
     """
     from rove.data import checkpoint_tokenizer
-    from rove.train.source import load_any_model
+    from rove.hf.any_model import load_any_model
 
     model, meta = load_any_model(path, device=device)
     train_cfg = meta["train_config"]

@@ -1,5 +1,5 @@
-"""Hugging Face integration (needs ``pip install rove[hf]``); transformers is imported only when
-a function needs it, never by ``import rove``.
+"""Hugging Face integration (needs the ``hf`` extra); transformers is imported only when a
+function needs it, never by ``import rove``.
 
 - :func:`convert`: switch an HF causal LM with rotary embeddings to RoVE (or back), in place;
   ``save_pretrained`` then writes a folder that loads as RoVE again;

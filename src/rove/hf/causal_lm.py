@@ -277,7 +277,8 @@ class HFCausalLM(nn.Module):
         or converted to ``pos``; ``block_size`` defaults to ``max_position_embeddings``."""
         from transformers import PretrainedConfig
 
-        from rove.hf.pretrained import MODEL_TYPE, STATE_KEY, from_pretrained
+        from rove.hf.conversion import MODEL_TYPE, STATE_KEY
+        from rove.hf.pretrained import from_pretrained
 
         folder = Path(path)
         if pos is not None and pos not in POSITIONS:

@@ -22,18 +22,30 @@ renormalised to ``cos^2 + sin^2 = 1`` before use on values and outputs.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from rove.hf.model_card import write_converted_card
 from rove.kernels import rotate, unrotate
 from rove.rotary import table_dtype
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "convert", "current_pos"]
+__all__ = [
+    "MODEL_TYPE",
+    "SUPPORTED_MODEL_TYPES",
+    "RoveConfig",
+    "RoveForCausalLM",
+    "convert",
+    "current_pos",
+    "mark_config",
+]
 
 HFPos = Literal["rope", "rove"]
 Tables = tuple[torch.Tensor, torch.Tensor]
@@ -260,7 +272,134 @@ def convert(model: nn.Module, pos: HFPos = "rove") -> nn.Module:
             delattr(module, _STATE_ATTR)
         elif pos == "rove" and state is None:
             setattr(module, _STATE_ATTR, _AttentionState(module, layout, shared))
-    from rove.hf.pretrained import mark_config
-
     mark_config(config, pos)
     return model
+
+
+# How a converted model persists (:mod:`rove.hf.pretrained`): ``convert`` marks the config, and
+# the model class registered for a marked config converts what it loads. The two call each
+# other, so they live in one module.
+
+MODEL_TYPE = "rove"  # config.json's model_type of a saved converted model
+STATE_KEY = "rove"  # config.json's key holding the RoVE state and the base model_type
+REMOTE_FILE = Path(__file__).with_name("modeling_rove.py")
+AUTO_MAP = {
+    "AutoConfig": "modeling_rove.RoveConfig",
+    "AutoModelForCausalLM": "modeling_rove.RoveForCausalLM",
+}
+
+
+class _RoveConfigMixin:
+    """What a RoVE config adds to its base config class: how it is saved."""
+
+    _rove_base: type
+
+    def to_diff_dict(self) -> dict[str, Any]:
+        saved = super().to_diff_dict()  # type: ignore[misc]  # a PretrainedConfig method
+        state = {"pos": "rove", "model_type": self._rove_base.model_type}  # type: ignore[attr-defined]
+        return {**saved, "model_type": MODEL_TYPE, STATE_KEY: state, "auto_map": dict(AUTO_MAP)}
+
+    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> None:
+        super().save_pretrained(save_directory, **kwargs)  # type: ignore[misc]
+        shutil.copyfile(REMOTE_FILE, Path(save_directory) / REMOTE_FILE.name)
+        write_converted_card(Path(save_directory), self, self._rove_base.model_type)  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _rove_config_class(base: type) -> type:
+    """``Rove<Base>`` (cached, so equal configs share a class), registered with the Auto classes
+    of this process so ``AutoModelForCausalLM`` loads a RoVE folder without remote code."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    name = f"Rove{base.__name__}"
+    cls = type(name, (_RoveConfigMixin, base), {"__module__": __name__, "_rove_base": base})
+    # the Auto classes want a model class naming this config class (transformers 4 reads it)
+    model_name = f"{name.removesuffix('Config')}ForCausalLM"
+    model = type(model_name, (RoveForCausalLM,), {"__module__": __name__, "config_class": cls})
+    AutoConfig.register(MODEL_TYPE, RoveConfig, exist_ok=True)
+    AutoModelForCausalLM.register(cls, model, exist_ok=True)
+    return cls
+
+
+def __getattr__(name: str) -> type:
+    """``Rove<Base>`` config classes by name (how pickle finds them). Any other name is
+    missing without importing transformers: ``import rove.hf`` asks for ``__path__``."""
+    if not name.startswith("Rove"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import transformers
+
+    base = getattr(transformers, name.removeprefix("Rove"), None)
+    if not isinstance(base, type) or not hasattr(base, "model_type"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _rove_config_class(base)
+
+
+def mark_config(config: Any, pos: HFPos) -> None:
+    """Record ``pos`` in ``config`` (in place): a RoVE config class for "rove", its base else."""
+    base: type = getattr(type(config), "_rove_base", type(config))
+    config.__class__ = _rove_config_class(base) if pos == "rove" else base
+
+
+def _base_model_class(config: Any) -> Any:
+    """The base architecture's causal LM class (``LlamaForCausalLM`` for ``RoveLlamaConfig``)."""
+    from transformers import AutoModelForCausalLM
+
+    mapping: Any = AutoModelForCausalLM._model_mapping
+    return mapping[type(config)._rove_base]
+
+
+class RoveConfig:
+    """``AutoConfig``'s class for model_type ``rove``: the base model's config, marked RoVE."""
+
+    model_type = MODEL_TYPE
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class: str = "AutoConfig") -> None:
+        """Nothing to do: the configs built here register themselves."""
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> Any:
+        from transformers import PretrainedConfig
+
+        config_dict, kwargs = PretrainedConfig.get_config_dict(path, **kwargs)
+        return cls.from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        from transformers import CONFIG_MAPPING
+
+        state = config_dict.get(STATE_KEY)
+        ok = isinstance(state, dict) and state.get("pos") == "rove"
+        base_type = state.get("model_type") if ok else None  # type: ignore[union-attr]
+        if not isinstance(base_type, str) or base_type not in CONFIG_MAPPING:
+            raise ValueError(
+                f"config of model_type {MODEL_TYPE!r} needs {STATE_KEY!r}: "
+                f"{{'pos': 'rove', 'model_type': <a transformers model type>}}, got {state!r}"
+            )
+        fields = {k: v for k, v in config_dict.items() if k not in ("model_type", "auto_map")}
+        del fields[STATE_KEY]
+        loaded = CONFIG_MAPPING[base_type].from_dict(fields, **kwargs)
+        mark_config(loaded[0] if isinstance(loaded, tuple) else loaded, "rove")
+        return loaded
+
+
+class RoveForCausalLM:
+    """``AutoModelForCausalLM``'s class for a RoVE config: the base architecture's model
+    (``LlamaForCausalLM`` ...) with its weights, converted to RoVE."""
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class: Any = "AutoModelForCausalLM") -> None:
+        """Nothing to do: the configs built here register this class themselves."""
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *args: Any, config: Any = None, **kwargs: Any
+    ) -> Any:
+        if config is None:
+            config = RoveConfig.from_pretrained(path)
+        model = _base_model_class(config).from_pretrained(path, *args, config=config, **kwargs)
+        return convert(model, "rove")
+
+    @classmethod
+    def _from_config(cls, config: Any, **kwargs: Any) -> Any:
+        return convert(_base_model_class(config)._from_config(config, **kwargs), "rove")

@@ -33,7 +33,8 @@ from safetensors import SafetensorError
 from rove import run_files
 from rove._version import __version__
 from rove.atomic import check_replaceable, replace_folder, write_json_atomic
-from rove.hf.model_card import write_export_card
+from rove.hf.conversion import current_pos
+from rove.hf.model_card import TrainingFacts, write_converted_card, write_export_card
 from rove.hf.progress import no_progress_bars
 from rove.hf.tokenizer import TOKENIZER_FILES
 from rove.lock import lock_folder
@@ -248,11 +249,13 @@ def export_model(
     *,
     remote_code: bool = False,
     max_positions: int | None = None,
+    facts: TrainingFacts | None = None,
 ) -> Path:
     """Write ``model`` (and a rove ``tokenizer``, when given) as a Hugging Face folder.
 
     ``remote_code`` forces the self-contained RoVE modeling file for any ``pos``;
-    ``max_positions`` sizes the zero position table of a NoPE export (default ``block_size``).
+    ``max_positions`` sizes the zero position table of a NoPE export (default ``block_size``);
+    ``facts`` (tokens, data, final loss) go into the model card of a remote-code export.
     The folder is written like a checkpoint: complete in a temp folder beside ``out_dir``, then
     swapped in whole, so ``out_dir`` holds the old export or the new one, never half of one (a
     killed export's temp folder is removed by the next, under a lock beside ``out_dir``). It
@@ -269,7 +272,7 @@ def export_model(
 
         def write(tmp: Path) -> None:
             try:
-                _write_export(hf, model.config.vocab_size, tokenizer, tmp)
+                _write_export(hf, model.config.vocab_size, tokenizer, tmp, facts)
             except (OSError, SafetensorError) as err:
                 raise OSError(
                     f"cannot write the export {out} ({err}); nothing was written there"
@@ -282,7 +285,9 @@ def export_model(
     return out
 
 
-def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path) -> None:
+def _write_export(
+    hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path, facts: TrainingFacts | None
+) -> None:
     """The export's files in ``folder``, with the manifest naming them last (the caller,
     :func:`rove.atomic.replace_folder`, fsyncs them)."""
     from transformers import GenerationConfig
@@ -299,7 +304,7 @@ def _write_export(hf: Any, vocab_size: int, tokenizer: Any | None, folder: Path)
         hf.save_pretrained(folder)
     if getattr(hf.config, "auto_map", None):
         shutil.copyfile(MODELING_FILE, folder / MODELING_FILE.name)
-        write_export_card(folder, hf.config)
+        write_export_card(folder, hf.config, facts)
     if tokenizer is not None:
         from rove.hf.tokenizer import save_hf_tokenizer
 
@@ -354,18 +359,27 @@ def export_run(
     ``max_positions`` concern rove's GPT only.
     """
     from rove.data import checkpoint_tokenizer
+    from rove.hf.any_model import load_any_model
     from rove.hf.causal_lm import HFCausalLM
-    from rove.train.source import load_any_model
 
     model, meta = load_any_model(run_dir)
     tokenizer = checkpoint_tokenizer(meta, f"checkpoint {run_dir}")
+    facts = TrainingFacts.from_checkpoint(meta)
     if isinstance(model, HFCausalLM):
         _check_outside_runs(Path(out_dir))
         files = _TokenizerFiles(Path(getattr(tokenizer, "path", "")).parent)
         with no_progress_bars():
-            return model.save_pretrained(out_dir, tokenizer=files)
+            out = model.save_pretrained(out_dir, tokenizer=files)
+        if current_pos(model.hf) == "rove":  # the save's card, with what the run knows
+            write_converted_card(out, model.hf.config, model.hf.config.model_type, facts)
+        return out
     return export_model(
-        model, out_dir, tokenizer, remote_code=remote_code, max_positions=max_positions
+        model,
+        out_dir,
+        tokenizer,
+        remote_code=remote_code,
+        max_positions=max_positions,
+        facts=facts,
     )
 
 

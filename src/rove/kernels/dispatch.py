@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import torch
 
+from rove._extras import missing_extra
 from rove.kernels.torch_rotary import rotate_qkv_torch, rotate_torch, unrotate_torch
 from rove.rotation import Convention
 
@@ -49,9 +50,7 @@ def use_backend(name: str) -> Iterator[None]:
     if name not in BACKENDS:
         raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKENDS}")
     if name == "triton" and not triton_available():
-        raise RuntimeError(
-            "the triton backend needs the `triton` package: pip install rove[triton]"
-        )
+        raise RuntimeError(str(missing_extra("the triton backend", "triton")))
     previous, _backend = _backend, name
     try:
         yield

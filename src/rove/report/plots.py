@@ -13,16 +13,25 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
+from rove._extras import needs_extra
 from rove.eval.records import ruler_groups, ruler_lengths, scaled_label, scaling_key, scaling_kind
 from rove.report.recovery import val_curve
 from rove.stats import summarize
+
+with needs_extra("toolkit", __name__):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import (
+        EngFormatter,
+        FixedLocator,
+        FuncFormatter,
+        NullFormatter,
+        NullLocator,
+    )
 
 __all__ = [
     "has_ruler_data",

@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
 
 from rove import run_files
+from rove._extras import needs_extra
 from rove._version import __version__
 from rove.checkpoint import capture_rng, save_checkpoint
 from rove.data import TokenLoader, verify_data_identity
@@ -80,6 +80,9 @@ from rove.train.setup import (
     write_recipe,
 )
 from rove.train.signals import StopOnSignal, TrainingInterrupted
+
+with needs_extra("toolkit", __name__):
+    from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
     from rove.train.config import ResolvedTrainConfig

@@ -39,6 +39,7 @@ from rove.data import (
     prepare_dataset,
 )
 from rove.data.prepare import MANIFEST_NAME
+from rove.hf.any_model import model_from_config
 from rove.lock import FolderLock, FolderLockedError, acquire
 from rove.model import GPT, GPTConfig
 from rove.precision import autocast_dtype, describe_precision
@@ -57,7 +58,7 @@ from rove.train.distributed import (
     wrap_ddp,
 )
 from rove.train.metrics import peak_bf16_flops
-from rove.train.source import build_source_model, model_from_config, read_source
+from rove.train.source import build_source_model, read_source
 
 if TYPE_CHECKING:
     from rove.hf.causal_lm import HFCausalLM, HFModelConfig

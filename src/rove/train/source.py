@@ -12,8 +12,8 @@ function, so the converted model has to recover). Two kinds of source:
 
 :func:`read_source` reads only the small files (a checkpoint's meta, a ``config.json``): a
 config resolves and validates against its source before any weight or data is loaded.
-:func:`model_from_config` is the other direction: a run's stored model config back to an empty
-model of the right class, which checkpoint loading and FSDP's unsharded copies need.
+(The other direction, a run's stored model config back to an empty model of the right class, is
+:func:`rove.hf.any_model.model_from_config`.)
 """
 
 from __future__ import annotations
@@ -26,21 +26,14 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import torch
 
 from rove.functional import ROTARY_POS
-from rove.model import GPT, GPTConfig
+from rove.model import GPT
 from rove.rotary import Scaling, scaling_on_top
 
 if TYPE_CHECKING:
     from rove.hf.causal_lm import HFCausalLM
     from rove.hf.conversion import HFPos
 
-__all__ = [
-    "SourceModel",
-    "build_source_model",
-    "load_any_model",
-    "model_from_config",
-    "read_source",
-    "source_scaling",
-]
+__all__ = ["SourceModel", "build_source_model", "read_source", "source_scaling"]
 
 SourceKind = Literal["checkpoint", "hf"]
 
@@ -108,8 +101,7 @@ def read_source(path: str | Path) -> SourceModel:
 
 def _hf_source(folder: Path) -> SourceModel:
     """A Hugging Face model folder, checked to be one :func:`rove.hf.convert` can switch."""
-    from rove.hf.conversion import SUPPORTED_MODEL_TYPES
-    from rove.hf.pretrained import MODEL_TYPE, STATE_KEY
+    from rove.hf.conversion import MODEL_TYPE, STATE_KEY, SUPPORTED_MODEL_TYPES
 
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -196,6 +188,7 @@ def build_source_model(
             )
     else:
         from rove.checkpoint import load_checkpoint, restore_model
+        from rove.hf.any_model import model_from_config
 
         ckpt = load_checkpoint(source.path, device="cpu", optimizer=False)
         config = {**source.model_config, "pos": pos, "block_size": block_size}
@@ -206,23 +199,3 @@ def build_source_model(
     if scaled is not None and not isinstance(model, GPT):  # a Hugging Face model: its config
         model.set_scaling(scaled)
     return model.to(device)
-
-
-def model_from_config(config: dict) -> GPT | HFCausalLM:
-    """An (untrained) model of the class a stored model config describes: rove's GPT, or a
-    Hugging Face model wrapped as :class:`~rove.hf.causal_lm.HFCausalLM`."""
-    if "hf_config" in config:
-        from rove.hf.causal_lm import HFCausalLM, HFModelConfig
-
-        return HFCausalLM.from_config(HFModelConfig.from_dict(config))
-    return GPT(GPTConfig.from_dict(config))
-
-
-def load_any_model(
-    path: str | Path, device: str | torch.device = "cpu"
-) -> tuple[GPT | HFCausalLM, dict]:
-    """:func:`rove.checkpoint.load_model` for a model of either class: rove's GPT, or a
-    finetuned Hugging Face model as :class:`~rove.hf.causal_lm.HFCausalLM`."""
-    from rove.checkpoint import load_built_model
-
-    return load_built_model(path, model_from_config, device)

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rove._extras import needs_extra
+
 __all__ = ["ImageData", "load_cifar10", "load_digits", "resize"]
 
 
@@ -44,12 +46,8 @@ def load_digits(test_fraction: float = 0.25, split_seed: int = 0) -> ImageData:
 
     Resize with ``resize`` to the training and test resolutions.
     """
-    try:
+    with needs_extra("vision", "the digits dataset"):
         from sklearn.datasets import load_digits as sk_digits
-    except ImportError as err:
-        raise ImportError(
-            "the digits dataset needs scikit-learn: pip install 'rove[vision]'"
-        ) from err
     digits = sk_digits()
     images = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0  # (N, 1, 8, 8)
     labels = torch.tensor(digits.target, dtype=torch.long)

@@ -6,6 +6,7 @@ import json
 import statistics
 from pathlib import Path
 
+from rove._extras import needs_extra
 from rove.atomic import write_json_atomic, write_text_atomic
 
 __all__ = ["plot_accuracy", "summarize", "write_report"]
@@ -30,7 +31,8 @@ def summarize(records: list[dict]) -> dict[str, dict[str, tuple[float, float]]]:
 
 def plot_accuracy(summary: dict, test_sizes: tuple[int, ...], path: Path) -> Path:
     """Accuracy against test resolution per encoding, both protocols, with +- std bars."""
-    from matplotlib.figure import Figure  # lazy: no plotting cost at import
+    with needs_extra("toolkit", "rove vision's plot"):
+        from matplotlib.figure import Figure  # lazy: no plotting cost at import
 
     fig = Figure(figsize=(10, 3.8), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
