@@ -20,6 +20,9 @@ v), ``rove.layer.RoveAttention`` (a fused QKV projection and a KV cache) and ``r
 6. ``attend``: plain SDPA, GQA included;
 7. ``unrotate``: RoVE's ``R_(-p_i)`` on the output.
 
+Steps 1 to 3 depend on the positions and documents only: ``attention_inputs`` makes them once
+per forward as ``AttentionInputs``, which a model hands to every layer.
+
 Steps 4 and 7 are the only calls into ``rove.kernels`` (fused Triton on CUDA, pure torch on CPU);
 ``rove.reference`` computes the same contract pair by pair in float64, as the tests' oracle.
 
@@ -50,11 +53,13 @@ from rove.rotary import Convention, Rotary, check_positions, table_dtype
 __all__ = [
     "POS_CHOICES",
     "ROTARY_POS",
+    "AttentionInputs",
     "Pos",
     "Positions",
     "RotarySpec",
     "attend",
     "attention",
+    "attention_inputs",
     "check_pos",
     "document_mask",
     "document_runs",
@@ -281,6 +286,46 @@ def packing_mask(
         )
     runs = document_runs(doc_ids)
     return document_mask(runs, runs, q_len, k_len, causal, doc_ids.device)
+
+
+# ---- steps 1 to 3 at once: what every layer of a model shares ----
+
+
+class AttentionInputs(NamedTuple):
+    """The per-forward state of self-attention over ``T`` tokens, which depends on the positions
+    and documents but not on the layer: a model builds it once (``attention_inputs``) and passes
+    it to every layer, as transformers, litgpt and torchtitan do.
+
+    Fields: the checked ``positions``; their cos/sin ``tables`` (None under nope); the packing
+    ``mask`` ``(B, 1, T, T)`` (None without ``doc_ids``: SDPA's own causal mask then does).
+    """
+
+    positions: Positions
+    tables: Tables | None
+    mask: torch.Tensor | None
+
+
+def attention_inputs(
+    pos: Pos,
+    rotary: RotarySpec | None,
+    positions: torch.Tensor | None,
+    doc_ids: torch.Tensor | None,
+    *,
+    batch: int,
+    seq: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    offset: int = 0,
+    causal: bool = True,
+) -> AttentionInputs:
+    """Steps 1 to 3 for self-attention over ``seq`` tokens that follow ``offset`` others (a KV
+    cache's length): positions (default ``offset + arange(seq)``), their tables for tensors of
+    ``dtype``, and the mask of ``doc_ids`` ``(batch, seq)``."""
+    at = token_positions(rotary, positions, seq, batch=batch, device=device, offset=offset)
+    tables = None
+    if rotary is not None and pos != "nope":
+        (tables,) = position_tables(rotary, dtype, at)
+    return AttentionInputs(at, tables, packing_mask(doc_ids, batch, seq, seq, causal=causal))
 
 
 # ---- steps 4 to 7: rotate, temperature, attend, unrotate ----

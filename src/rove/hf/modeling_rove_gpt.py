@@ -173,8 +173,15 @@ class _Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = _MLP(config)
 
-    def forward(self, x: torch.Tensor, *args: object) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), *args)
+    def forward(
+        self,
+        x: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None,
+        cache: Cache | None,
+    ) -> torch.Tensor:
+        """``tables`` and ``mask`` are built once per forward, for every layer (as in rove)."""
+        x = x + self.attn(self.ln_1(x), tables, mask, cache)
         return x + self.mlp(self.ln_2(x))
 
 
