@@ -14,8 +14,8 @@ v), ``rove.layer.RoveAttention`` (a fused QKV projection and a KV cache) and ``r
 1. ``token_positions``: the positions, default ``offset .. offset + T - 1``, checked;
 2. ``position_tables``: their cos/sin tables, with dynamic NTK's length over all of them;
 3. ``packing_mask``: no attention across the documents of packed sequences;
-4. ``rotate`` (separate q, k, v) or ``rotate_qkv`` (a fused projection): ``R_p`` on q, k and
-   (rove) v;
+4. ``rotate_separate`` (separate q, k, v) or ``rotate_qkv`` (a fused projection): ``R_p`` on q,
+   k and (rove) v;
 5. ``logit_temperature``: the schedule's logit scale (YaRN temperature);
 6. ``attend``: plain SDPA, GQA included;
 7. ``unrotate``: RoVE's ``R_(-p_i)`` on the output.
@@ -68,8 +68,8 @@ __all__ = [
     "position_tables",
     "positions_from_doc_ids",
     "rotary_for",
-    "rotate",
     "rotate_qkv",
+    "rotate_separate",
     "token_positions",
     "unrotate",
 ]
@@ -339,7 +339,7 @@ def _rotating(
     return tables, rotary.convention
 
 
-def rotate(
+def rotate_separate(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor | None,
@@ -457,7 +457,7 @@ def unrotate(
     if pos == "rove":
         (cos, sin), conv = _rotating(pos, q_tables, rotary)
         if merge_heads:
-            return kernels.unrotate(out, cos, sin, convention=conv)
+            return kernels.unrotate_merge_heads(out, cos, sin, convention=conv)
         return kernels.rotate(out, cos, sin, convention=conv, inverse=True)
     return out.transpose(1, 2).flatten(2) if merge_heads else out
 
@@ -553,7 +553,7 @@ def attention(
     k_tab: Tables | None = None
     if rotary is not None and pos != "nope":
         q_tab, k_tab = position_tables(rotary, q.dtype, q_at, k_at)
-    q, k, v = rotate(q, k, v, q_tab, k_tab, pos=pos, rotary=rotary)
+    q, k, v = rotate_separate(q, k, v, q_tab, k_tab, pos=pos, rotary=rotary)
     if scale is None:
         q, scale = logit_temperature(q, rotary, pos)
     out = attend(q, k, v, causal=causal, scale=scale, mask=mask)

@@ -38,9 +38,9 @@ from rove.rotary import (
 )
 from rove.sampling import check_sampling, next_tokens
 
-__all__ = ["POSITIONS", "HFCausalLM", "HFModelConfig", "trained_scaling"]
+__all__ = ["HF_POS_CHOICES", "HFCausalLM", "HFModelConfig", "trained_scaling"]
 
-POSITIONS: tuple[str, ...] = ("rope", "rove")
+HF_POS_CHOICES: tuple[str, ...] = ("rope", "rove")
 _MARKS = ("rove", "auto_map")  # what rove.hf.pretrained adds to a saved RoVE config
 # files a Hugging Face save (model and tokenizer) writes: save_pretrained replaces only these
 _HF_FILES = re.compile(
@@ -65,9 +65,9 @@ class HFModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"HF model config: {name} must be a positive int, got {value!r}")
-        if self.pos not in POSITIONS:
+        if self.pos not in HF_POS_CHOICES:
             raise ValueError(
-                f"HF model config: unknown pos {self.pos!r}; choose one of {POSITIONS}"
+                f"HF model config: unknown pos {self.pos!r}; choose one of {HF_POS_CHOICES}"
             )
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -286,8 +286,8 @@ class HFCausalLM(nn.Module):
         from rove.hf.pretrained import MODEL_TYPE, STATE_KEY, from_pretrained
 
         folder = Path(path)
-        if pos is not None and pos not in POSITIONS:
-            raise ValueError(f"unknown pos {pos!r}; choose one of {POSITIONS}")
+        if pos is not None and pos not in HF_POS_CHOICES:
+            raise ValueError(f"unknown pos {pos!r}; choose one of {HF_POS_CHOICES}")
         if not (folder / "config.json").is_file():
             what = "is not a Hugging Face model folder (no config.json)"
             raise ValueError(f"{folder} {what if folder.is_dir() else 'does not exist'}")
