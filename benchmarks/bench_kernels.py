@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 import harness
 from rove.functional import POS_CHOICES
-from rove.kernels import rotate_qkv, unrotate, use_backend
+from rove.kernels import rotate_qkv, unrotate_merge_heads, use_backend
 from rove.layer import RoveAttention
 from rove.rotary import Rotary
 
@@ -94,7 +94,7 @@ def check_triton_matches_torch(args: argparse.Namespace, tables, qkv, o) -> floa
     results = {}
     for backend in ("torch", "triton"):
         with use_backend(backend):
-            outs = [*rotate_qkv(qkv, *tables, **kw), unrotate(o, *tables)]
+            outs = [*rotate_qkv(qkv, *tables, **kw), unrotate_merge_heads(o, *tables)]
             weights = torch.linspace(-1, 1, args.head_dim, device=qkv.device)
             loss = sum((t.float().unflatten(-1, (-1, args.head_dim)) * weights).sum() for t in outs)
             results[backend] = [*outs, *torch.autograd.grad(loss, (qkv, o))]
@@ -115,7 +115,7 @@ def rotation_cases(
     kw = dict(n_head=heads, n_kv_head=heads, rotate_v=True)
     with use_backend(backend):
         qkv_out = rotate_qkv(qkv, *tables, **kw)
-        y = unrotate(o, *tables)
+        y = unrotate_merge_heads(o, *tables)
     g_qkv, g_y = [torch.randn_like(t) for t in qkv_out], torch.randn_like(y)
 
     def under(fn: Callable[[], object]) -> Callable[[], object]:
@@ -130,7 +130,7 @@ def rotation_cases(
         ("qkv split+rotate", "bwd", "qkv"): under(
             lambda: torch.autograd.grad(qkv_out, qkv, g_qkv, retain_graph=True)
         ),
-        ("o un-rotate", "fwd", "o"): under(lambda: unrotate(o, *tables)),
+        ("o un-rotate", "fwd", "o"): under(lambda: unrotate_merge_heads(o, *tables)),
         ("o un-rotate", "bwd", "o"): under(
             lambda: torch.autograd.grad(y, o, g_y, retain_graph=True)
         ),

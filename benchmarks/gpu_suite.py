@@ -85,7 +85,7 @@ from rove.kernels import (
     rotate,
     rotate_qkv,
     triton_available,
-    unrotate,
+    unrotate_merge_heads,
     use_backend,
 )
 from rove.kernels.torch_rotary import rotate_into
@@ -479,7 +479,7 @@ class Suite:
                           shared_kv=case.shared_kv, convention=case.convention)  # fmt: skip
                 outs = list(rotate_qkv(src, cos, sin, **kw))
             elif op == "unrotate":
-                outs = [unrotate(src, cos, sin, convention=case.convention)]
+                outs = [unrotate_merge_heads(src, cos, sin, convention=case.convention)]
             else:
                 outs = [rotate(src, cos, sin, convention=case.convention)]
         w = torch.linspace(-1, 2, self.sizes.head_dim, device=self.device, dtype=torch.float64)

@@ -83,7 +83,7 @@ def test_capture_input_is_the_layers_real_input():
     x = capture_input(model, tokens, 1)
     with torch.no_grad():
         h = model.wte(tokens[None])
-        h = model.blocks[0](h, positions=torch.arange(10))
+        h = model.blocks[0](h)  # the default positions, 0 .. 9
         expected = model.blocks[1].ln_1(h)[0]
     assert torch.allclose(x.float(), expected, atol=1e-5)
     assert next(model.parameters()).dtype == torch.float32  # the model itself is untouched

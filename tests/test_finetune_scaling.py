@@ -296,4 +296,4 @@ def test_an_hf_rope_type_rove_cannot_name_is_refused():
         trained_scaling({"rope_parameters": llama3, "max_position_embeddings": 8192})
     deepseek = {"rope_type": "yarn", "original_max_position_embeddings": 4096}
     got = trained_scaling({"rope_parameters": deepseek, "max_position_embeddings": 16384})
-    assert got is not None and got.params["factor"] == 4.0
+    assert got is not None and got.params.factor == 4.0

@@ -107,10 +107,10 @@ def test_modeling_file_is_self_contained():
 def test_modeling_file_choices_are_the_librarys():
     """The self-contained file restates rove's choices; a new pos or convention must reach it."""
     from rove.hf import modeling_rove_gpt
-    from rove.model import POSITIONS
+    from rove.model import MODEL_POS_CHOICES
     from rove.rotary import CONVENTIONS
 
-    assert modeling_rove_gpt.POSITIONS == POSITIONS
+    assert modeling_rove_gpt.MODEL_POS_CHOICES == MODEL_POS_CHOICES
     assert modeling_rove_gpt.CONVENTIONS == CONVENTIONS
 
 

@@ -18,7 +18,7 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rove.kernels import dispatch, rotate, rotate_qkv, torch_rotary, unrotate
+from rove.kernels import dispatch, rotate, rotate_qkv, torch_rotary, unrotate_merge_heads
 from rove.model import GPT, get_preset
 from rove.rotary import Rotary
 
@@ -41,7 +41,7 @@ class GraphSizes:
 
 def rotations(x: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     q, k, v = rotate_qkv(qkv, cos, sin, n_head=H, n_kv_head=H, rotate_v=True)
-    return rotate(x, cos, sin), q, k, v, unrotate(x, cos, sin)
+    return rotate(x, cos, sin), q, k, v, unrotate_merge_heads(x, cos, sin)
 
 
 def graph_sizes(seq: int) -> list[int]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from rove.kernels import rotate_qkv_torch, rotate_torch, unrotate_torch
+from rove.kernels import rotate_qkv_torch, rotate_torch, unrotate_merge_heads_torch
 from rove.rotary import Rotary, apply_rotary
 
 B, T, D = 2, 3, 8
@@ -51,7 +51,7 @@ def test_rotate_and_unrotate_gradients_are_exact(convention, rotary_dim, per_bat
     cos, sin = tables(convention, rotary_dim, per_batch)
     o = torch.randn(B, 2, T, D, dtype=torch.float64, requires_grad=True)
     for fn in (
-        lambda x: unrotate_torch(x, cos, sin, convention=convention),
+        lambda x: unrotate_merge_heads_torch(x, cos, sin, convention=convention),
         lambda x: rotate_torch(x, cos, sin, convention=convention),
         lambda x: rotate_torch(x, cos, sin, convention=convention, inverse=True),
     ):
@@ -86,7 +86,7 @@ def test_layouts():
     _, _, v = rotate_qkv_torch(qkv, cos, sin, n_head=4, n_kv_head=2, rotate_v=False)
     assert v.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
     o = torch.randn(B, 4, T, D)
-    y = unrotate_torch(o, cos, sin)
+    y = unrotate_merge_heads_torch(o, cos, sin)
     assert y.shape == (B, T, 4 * D) and y.is_contiguous()
     x = torch.randn(B, T, 4, D).transpose(1, 2)
     assert rotate_torch(x, cos, sin).stride() == x.stride()

@@ -20,15 +20,15 @@ from rove.kernels import (
     rotate_qkv,
     rotate_qkv_torch,
     rotate_torch,
-    unrotate,
-    unrotate_torch,
+    unrotate_merge_heads,
+    unrotate_merge_heads_torch,
     use_backend,
 )
 from rove.kernels.triton_kernels import INTERPRETED, launch_rotate, launch_rotate_qkv
 from rove.kernels.triton_rotary import (
     rotate_qkv_triton,
     rotate_triton,
-    unrotate_triton,
+    unrotate_merge_heads_triton,
 )
 from rove.rotary import Rotary
 
@@ -104,11 +104,11 @@ def test_rotate(convention, rotary_dim, per_batch, dtype, layout, inverse):
 
 
 @pytest.mark.parametrize(("convention", "rotary_dim", "per_batch", "dtype", "layout"), ROTATE_CASES)
-def test_unrotate(convention, rotary_dim, per_batch, dtype, layout):
+def test_unrotate_merge_heads(convention, rotary_dim, per_batch, dtype, layout):
     cos, sin = tables(rotary_dim, per_batch, convention)
     o = make_x(layout, dtype)
-    out = unrotate_triton(o, cos, sin, convention=convention)
-    ref = unrotate_torch(o, cos, sin, convention=convention)
+    out = unrotate_merge_heads_triton(o, cos, sin, convention=convention)
+    ref = unrotate_merge_heads_torch(o, cos, sin, convention=convention)
     assert out.shape == (B, T, H * D) and out.is_contiguous()
     assert_close(out, ref, dtype)
     g = randn(B, T, 2 * H * D, dtype=dtype)[..., ::2]  # a strided upstream gradient
@@ -172,9 +172,9 @@ def test_many_tiles():
     qkv = randn(B, seq, (n_head + 2 * n_kv_head) * D).requires_grad_()
     kw = dict(n_head=n_head, n_kv_head=n_kv_head, rotate_v=True)
     fast = rotate_qkv_triton(qkv, cos, sin, **kw)
-    fast = (*fast, unrotate_triton(fast[0], cos, sin))
+    fast = (*fast, unrotate_merge_heads_triton(fast[0], cos, sin))
     ref = rotate_qkv_torch(qkv, cos, sin, **kw)
-    ref = (*ref, unrotate_torch(ref[0], cos, sin))
+    ref = (*ref, unrotate_merge_heads_torch(ref[0], cos, sin))
     for a, r in zip(fast, ref, strict=True):
         assert_close(a, r, torch.float32)
     g = [torch.randn_like(r) for r in ref]
@@ -194,9 +194,9 @@ def test_double_backward(rotate_v, shared_kv):
     kw["convention"] = "interleaved"
     results = []
     paths = [
-        (rotate_qkv_triton, unrotate_triton, torch.float32),
-        (rotate_qkv_torch, unrotate_torch, torch.float32),
-        (rotate_qkv_torch, unrotate_torch, torch.float64),
+        (rotate_qkv_triton, unrotate_merge_heads_triton, torch.float32),
+        (rotate_qkv_torch, unrotate_merge_heads_torch, torch.float32),
+        (rotate_qkv_torch, unrotate_merge_heads_torch, torch.float64),
     ]
     for split, unrot, dtype in paths:
         x = qkv.detach().to(dtype).requires_grad_()
@@ -219,14 +219,14 @@ def test_dispatchers_route_to_triton():
     with use_backend("triton"):
         fast = (
             rotate(x, cos, sin, convention="interleaved"),
-            unrotate(x, cos, sin, convention="interleaved"),
+            unrotate_merge_heads(x, cos, sin, convention="interleaved"),
             *rotate_qkv(qkv, cos, sin, **kw),
             rot.unrotate(x[0, 0], offset=3),  # (T, D) input
         )
     with use_backend("torch"):
         ref = (
             rotate(x, cos, sin, convention="interleaved"),
-            unrotate(x, cos, sin, convention="interleaved"),
+            unrotate_merge_heads(x, cos, sin, convention="interleaved"),
             *rotate_qkv(qkv, cos, sin, **kw),
             rot.unrotate(x[0, 0], offset=3),
         )
@@ -314,7 +314,9 @@ def test_float64_falls_back_to_torch():
     cos, sin = Rotary(D).tables(torch.arange(T, device=DEVICE), torch.float64)
     x = randn(B, H, T, D, dtype=torch.float64)
     assert torch.equal(rotate_triton(x, cos, sin), rotate_torch(x, cos, sin))
-    assert torch.equal(unrotate_triton(x, cos, sin), unrotate_torch(x, cos, sin))
+    assert torch.equal(
+        unrotate_merge_heads_triton(x, cos, sin), unrotate_merge_heads_torch(x, cos, sin)
+    )
 
 
 def _bad_launches():
@@ -386,7 +388,7 @@ def test_torch_compile_traces_the_custom_ops():
     def layer(qkv):
         q, k, v = rotate_qkv(qkv, cos, sin, n_head=H, n_kv_head=2, rotate_v=True)
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        return unrotate(o, cos, sin)
+        return unrotate_merge_heads(o, cos, sin)
 
     qkv = randn(B, T, (H + 4) * D).requires_grad_()
     compiled = torch.compile(layer, fullgraph=True)
@@ -398,7 +400,7 @@ def test_torch_compile_traces_the_custom_ops():
 
 OPCHECK_CASES = {
     "rotate": ("rotate", lambda x, qkv, c, s: (x, c, s, True, False)),
-    "unrotate": ("unrotate", lambda x, qkv, c, s: (x, c, s, False)),
+    "unrotate_merge_heads": ("unrotate_merge_heads", lambda x, qkv, c, s: (x, c, s, False)),
     "split rove": ("rotate_qkv", lambda x, qkv, c, s: (qkv, c, s, H, 2, True, False, True)),
     "split rope": ("rotate_qkv", lambda x, qkv, c, s: (qkv, c, s, H, 2, False, False, False)),
     "split shared": (

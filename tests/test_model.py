@@ -5,12 +5,14 @@ Run: pytest tests/test_model.py
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
-from rove import attention
+from rove import KVCache, RoveAttention, attention, functional, positions_from_doc_ids
 from rove.model import GPT, GPTConfig, get_preset
-from rove.rotary import Scaling
+from rove.rotary import Rotary, Scaling
 
 POS = ["learned", "nope", "rope", "rove"]
 
@@ -124,6 +126,67 @@ def test_unpinned_dynamic_ntk_refuses_a_cache():
     m = nano(pos="rove")
     with m.rope_scaling("dynamic-ntk", 4.0), pytest.raises(ValueError, match="at_length"):
         m.hidden(torch.zeros(1, 3, dtype=torch.long), cache=KVCache(2, 1, 2, 16, 4))
+
+
+@pytest.mark.parametrize("n_layer", [1, 4])
+def test_packed_forward_builds_its_state_once(n_layer, monkeypatch):
+    """A packed forward checks the positions, makes the cos/sin tables and builds the mask once,
+    for every layer (as transformers, litgpt and torchtitan do), and equals layers that each
+    build their own."""
+    calls: Counter[str] = Counter()
+
+    def spy(name, fn):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+    m = nano(pos="rove", n_layer=n_layer)
+    doc_ids = torch.tensor([[0] * 5 + [1] * 7, [2] * 12])
+    at = positions_from_doc_ids(doc_ids)
+    idx = torch.randint(0, 64, (2, 12))
+    monkeypatch.setattr(functional, "document_mask", spy("mask", functional.document_mask))
+    monkeypatch.setattr(Rotary, "tables", spy("tables", Rotary.tables))
+    monkeypatch.setattr(Rotary, "check_positions", spy("positions", Rotary.check_positions))
+    with torch.no_grad():
+        logits = m(idx, positions=at, doc_ids=doc_ids)
+    assert calls == {"mask": 1, "tables": 1, "positions": 1}
+    with torch.no_grad():
+        x = m.wte(idx)
+        for block in m.blocks:
+            x = x + block.attn(block.ln_1(x), positions=at, doc_ids=doc_ids)
+            x = x + block.mlp(block.ln_2(x))
+        assert torch.equal(m.lm_head(m.ln_f(x)), logits)
+    assert calls["mask"] == 1 + n_layer  # the standalone layers build their own
+
+
+def test_layers_know_their_cache_slot():
+    """Each layer writes the cache at the index it was built with (not a per-call default)."""
+    m = nano(pos="rove", n_layer=3)
+    assert [b.attn.layer_idx for b in m.blocks] == [0, 1, 2]
+    cache = KVCache(3, 1, 2, 16, 4)
+    with torch.no_grad():
+        m.hidden(torch.zeros(1, 4, dtype=torch.long), cache=cache)
+    slots = [cache.k[i] for i in range(3)]
+    assert all(s.abs().sum() > 0 for s in slots) and not torch.equal(slots[0], slots[1])
+    layer = RoveAttention(32, 2, layer_idx=2)
+    one = KVCache(3, 1, 2, 16, 4)
+    layer(torch.randn(1, 4, 32), cache=one)
+    assert one.k[:2].abs().sum() == 0 and one.k[2].abs().sum() > 0
+    with pytest.raises(ValueError, match="layer_idx must be >= 0"):
+        RoveAttention(32, 2, layer_idx=-1)
+
+
+def test_layer_takes_inputs_or_what_they_are_built_from():
+    layer = RoveAttention(32, 2)
+    x = torch.randn(1, 4, 32)
+    inputs = functional.attention_inputs(
+        "rove", layer.rotary, None, None, batch=1, seq=4, dtype=x.dtype, device=x.device
+    )
+    assert torch.equal(layer(x, inputs=inputs), layer(x))
+    with pytest.raises(ValueError, match="not both"):
+        layer(x, positions=torch.arange(4), inputs=inputs)
 
 
 def test_token_nll_matches_loss():

@@ -5,6 +5,7 @@ Run: pytest tests/test_rotary.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -14,12 +15,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rove.model import GPT, PRESETS, GPTConfig
 from rove.reference import rotation_matrix
 from rove.rotary import (
     SCALING_KINDS,
+    SCALING_PARAMS,
     SCHEDULES,
+    LinearParams,
+    NTKParams,
     Rotary,
     Scaling,
+    YarnParams,
     apply_rotary,
     convention_permutation,
     convert_convention,
@@ -204,13 +210,51 @@ class TestScaling:
         with pytest.raises(ValueError, match="unknown rotary scaling type None"):
             Scaling.from_dict({"factor": 2.0})
 
-    def test_params_are_a_read_only_copy(self):
+    def test_params_are_typed_and_frozen(self):
         params: dict[str, object] = {"factor": 2.0}
         linear = Scaling("linear", params)
         params["factor"] = 0.5
-        assert linear.params["factor"] == 2.0
-        with pytest.raises(TypeError):
-            linear.params["factor"] = 0.5  # type: ignore[index]
+        assert linear.params == LinearParams(factor=2.0) and linear.params.factor == 2.0
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            linear.params.factor = 0.5  # type: ignore[misc]
+        yarn = Scaling("yarn", YarnParams(factor=4.0, original_max_position=64))
+        assert yarn == Scaling.from_dict(YARN4) and yarn.params.beta_fast == 32.0
+        with pytest.raises(ValueError, match="'linear' takes LinearParams, got NTKParams"):
+            Scaling("linear", NTKParams(factor=2.0))
+        with pytest.raises(ValueError, match=r"'beta_fast' must be > 0"):
+            YarnParams(factor=2.0, original_max_position=8, beta_fast=-1.0)
+
+    def test_bad_key_names_the_valid_ones(self):
+        with pytest.raises(ValueError, match=r"\['original_max'\] .* accepts \['factor', 'orig"):
+            Scaling("dynamic-ntk", {"factor": 2.0, "original_max": 8})
+
+    def test_stored_dicts_read_back_as_before(self):
+        """Configs stored by earlier versions (a checkpoint's GPTConfig.rope_scaling, JSON) load
+        unchanged: integral floats and explicit defaults included; the dict form lists what
+        differs from the defaults."""
+        stored = json.loads(
+            '{"type": "yarn", "factor": 4, "original_max_position": 64.0, "beta_fast": 32.0,'
+            ' "mscale": null, "truncate": true}'
+        )
+        yarn = Scaling.from_dict(stored)
+        assert yarn == Scaling.from_dict(YARN4)
+        assert yarn is not None and yarn.params.original_max_position == 64
+        assert isinstance(yarn.params.original_max_position, int)
+        assert yarn.to_dict() == {"type": "yarn", "factor": 4, "original_max_position": 64}
+        for kind, params in [
+            ("linear", {"factor": 2.0}),
+            ("ntk", {"factor": 8}),
+            ("dynamic-ntk", {"factor": 2.0, "original_max_position": 32}),
+            ("yarn", {"factor": 2.0, "original_max_position": 16, "beta_slow": 2.0}),
+        ]:
+            config = GPTConfig.from_dict(
+                {**PRESETS["nano"], "pos": "rope", "rope_scaling": {"type": kind, **params}}
+            )
+            rotary = GPT(config).rotary
+            assert rotary is not None and rotary.scaling is not None
+            assert rotary.scaling.to_dict() == {"type": kind, **params}
+        with pytest.raises(ValueError, match="must be a whole number"):
+            Scaling("yarn", {"factor": 2.0, "original_max_position": 64.5})
 
     def test_rotary_from_a_scaling_equals_rotary_from_its_dict(self):
         spec = Scaling("yarn", {"factor": 4.0, "original_max_position": 64})
@@ -234,13 +278,15 @@ class TestScaling:
     def test_kinds_are_the_schedules_but_the_unscaled_one(self):
         from rove.model import SCALING_KINDS as model_kinds
 
-        assert tuple(k for k in SCHEDULES if k != "default") == SCALING_KINDS
+        assert ("default", *SCALING_KINDS) == SCHEDULES
+        assert tuple(SCALING_PARAMS) == SCALING_KINDS
+        assert all(params.kind == kind for kind, params in SCALING_PARAMS.items())
         assert model_kinds is SCALING_KINDS
 
-    def test_schedules_are_read_only(self):
+    def test_kinds_are_read_only(self):
         """A kind added at run time would bypass SCALING_KINDS, which is fixed at import."""
         with pytest.raises(TypeError):
-            SCHEDULES["mine"] = SCHEDULES["linear"]  # type: ignore[index]
+            SCALING_PARAMS["mine"] = LinearParams  # type: ignore[index]
 
 
 class TestRotaryValidation:

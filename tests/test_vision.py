@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rove.model import POSITIONS
+from rove.model import MODEL_POS_CHOICES
 from rove.rotary.nd import LAYOUTS
 from rove.vision import (
     TrainSettings,
@@ -94,7 +94,7 @@ def test_variants_pair_rope_and_rove_in_each_layout():
         "learned",
         "rove-mixed",
     ]
-    assert {cfg.pos for cfg in variants(ViTConfig())} == set(POSITIONS)
+    assert {cfg.pos for cfg in variants(ViTConfig())} == set(MODEL_POS_CHOICES)
     assert {cfg.layout for cfg in variants(ViTConfig()) if cfg.is_rotary} == set(LAYOUTS)
     assert ViTConfig(pos="learned", layout="mixed").label == "learned"
 

@@ -44,7 +44,7 @@ from rove.atomic import remove_temp_files, write_json_atomic
 from rove.configs import check_types, dataclass_from_dict, read_json_config
 from rove.eval.suite import EvalConfig, eval_output_lock, evaluate_checkpoint
 from rove.lock import lock_folder
-from rove.model import POSITIONS
+from rove.model import MODEL_POS_CHOICES
 from rove.report import findings, write_report
 from rove.terminal import (
     DefaultsFormatter,
@@ -338,14 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the flags given override it",
     )
     p.add_argument(
-        "--pos", nargs="+", choices=POSITIONS, metavar="POS",
-        help=f"position encodings ({', '.join(POSITIONS)}), one model each per seed",
+        "--pos", nargs="+", choices=MODEL_POS_CHOICES, metavar="POS",
+        help=f"position encodings ({', '.join(MODEL_POS_CHOICES)}), one model each per seed",
     )  # fmt: skip
     p.add_argument(
         "--seeds", type=int, nargs="+", metavar="SEED", help="seeds, paired across the encodings"
     )
     p.add_argument(
-        "--baseline", choices=POSITIONS, metavar="POS",
+        "--baseline", choices=MODEL_POS_CHOICES, metavar="POS",
         help="the position encoding the others are compared against",
     )  # fmt: skip
     p.add_argument("--title", help="title of report.md")

@@ -14,11 +14,14 @@ v), ``rove.layer.RoveAttention`` (a fused QKV projection and a KV cache) and ``r
 1. ``token_positions``: the positions, default ``offset .. offset + T - 1``, checked;
 2. ``position_tables``: their cos/sin tables, with dynamic NTK's length over all of them;
 3. ``packing_mask``: no attention across the documents of packed sequences;
-4. ``rotate`` (separate q, k, v) or ``rotate_qkv`` (a fused projection): ``R_p`` on q, k and
-   (rove) v;
+4. ``rotate_separate`` (separate q, k, v) or ``rotate_qkv`` (a fused projection): ``R_p`` on q,
+   k and (rove) v;
 5. ``logit_temperature``: the schedule's logit scale (YaRN temperature);
 6. ``attend``: plain SDPA, GQA included;
 7. ``unrotate``: RoVE's ``R_(-p_i)`` on the output.
+
+Steps 1 to 3 depend on the positions and documents only: ``attention_inputs`` makes them once
+per forward as ``AttentionInputs``, which a model hands to every layer.
 
 Steps 4 and 7 are the only calls into ``rove.kernels`` (fused Triton on CUDA, pure torch on CPU);
 ``rove.reference`` computes the same contract pair by pair in float64, as the tests' oracle.
@@ -50,11 +53,13 @@ from rove.rotary import Convention, Rotary, check_positions, table_dtype
 __all__ = [
     "POS_CHOICES",
     "ROTARY_POS",
+    "AttentionInputs",
     "Pos",
     "Positions",
     "RotarySpec",
     "attend",
     "attention",
+    "attention_inputs",
     "check_pos",
     "document_mask",
     "document_runs",
@@ -63,8 +68,8 @@ __all__ = [
     "position_tables",
     "positions_from_doc_ids",
     "rotary_for",
-    "rotate",
     "rotate_qkv",
+    "rotate_separate",
     "token_positions",
     "unrotate",
 ]
@@ -283,6 +288,46 @@ def packing_mask(
     return document_mask(runs, runs, q_len, k_len, causal, doc_ids.device)
 
 
+# ---- steps 1 to 3 at once: what every layer of a model shares ----
+
+
+class AttentionInputs(NamedTuple):
+    """The per-forward state of self-attention over ``T`` tokens, which depends on the positions
+    and documents but not on the layer: a model builds it once (``attention_inputs``) and passes
+    it to every layer, as transformers, litgpt and torchtitan do.
+
+    Fields: the checked ``positions``; their cos/sin ``tables`` (None under nope); the packing
+    ``mask`` ``(B, 1, T, T)`` (None without ``doc_ids``: SDPA's own causal mask then does).
+    """
+
+    positions: Positions
+    tables: Tables | None
+    mask: torch.Tensor | None
+
+
+def attention_inputs(
+    pos: Pos,
+    rotary: RotarySpec | None,
+    positions: torch.Tensor | None,
+    doc_ids: torch.Tensor | None,
+    *,
+    batch: int,
+    seq: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    offset: int = 0,
+    causal: bool = True,
+) -> AttentionInputs:
+    """Steps 1 to 3 for self-attention over ``seq`` tokens that follow ``offset`` others (a KV
+    cache's length): positions (default ``offset + arange(seq)``), their tables for tensors of
+    ``dtype``, and the mask of ``doc_ids`` ``(batch, seq)``."""
+    at = token_positions(rotary, positions, seq, batch=batch, device=device, offset=offset)
+    tables = None
+    if rotary is not None and pos != "nope":
+        (tables,) = position_tables(rotary, dtype, at)
+    return AttentionInputs(at, tables, packing_mask(doc_ids, batch, seq, seq, causal=causal))
+
+
 # ---- steps 4 to 7: rotate, temperature, attend, unrotate ----
 
 
@@ -294,7 +339,7 @@ def _rotating(
     return tables, rotary.convention
 
 
-def rotate(
+def rotate_separate(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor | None,
@@ -412,7 +457,7 @@ def unrotate(
     if pos == "rove":
         (cos, sin), conv = _rotating(pos, q_tables, rotary)
         if merge_heads:
-            return kernels.unrotate(out, cos, sin, convention=conv)
+            return kernels.unrotate_merge_heads(out, cos, sin, convention=conv)
         return kernels.rotate(out, cos, sin, convention=conv, inverse=True)
     return out.transpose(1, 2).flatten(2) if merge_heads else out
 
@@ -508,7 +553,7 @@ def attention(
     k_tab: Tables | None = None
     if rotary is not None and pos != "nope":
         q_tab, k_tab = position_tables(rotary, q.dtype, q_at, k_at)
-    q, k, v = rotate(q, k, v, q_tab, k_tab, pos=pos, rotary=rotary)
+    q, k, v = rotate_separate(q, k, v, q_tab, k_tab, pos=pos, rotary=rotary)
     if scale is None:
         q, scale = logit_temperature(q, rotary, pos)
     out = attend(q, k, v, causal=causal, scale=scale, mask=mask)

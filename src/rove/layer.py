@@ -13,22 +13,21 @@ import torch
 import torch.nn as nn
 
 from rove.functional import (
+    AttentionInputs,
     Pos,
     RotarySpec,
     attend,
+    attention_inputs,
     check_pos,
     logit_temperature,
-    packing_mask,
-    position_tables,
     rotary_for,
     rotate_qkv,
-    token_positions,
     unrotate,
 )
 from rove.kv_cache import KVCache
 from rove.rotary import Rotary
 
-__all__ = ["RoveAttention"]
+__all__ = ["RoveAttention", "check_cache_use"]
 
 
 class RoveAttention(nn.Module):
@@ -45,6 +44,7 @@ class RoveAttention(nn.Module):
             an ``NDRotary`` for n-D positions.
         causal: causal masking.
         bias: bias in the projections.
+        layer_idx: this layer's slot in a ``KVCache`` (its depth in a model).
     """
 
     def __init__(
@@ -59,6 +59,7 @@ class RoveAttention(nn.Module):
         rotary: RotarySpec | None = None,
         causal: bool = True,
         bias: bool = False,
+        layer_idx: int = 0,
     ) -> None:
         super().__init__()
         check_pos(pos)
@@ -73,6 +74,9 @@ class RoveAttention(nn.Module):
             head_dim = d_model // n_head
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
         self.pos, self.shared_kv, self.causal = pos, shared_kv, causal
+        if layer_idx < 0:
+            raise ValueError(f"layer_idx must be >= 0, got {layer_idx}")
+        self.layer_idx = layer_idx
         self.rotary = rotary_for(pos, rotary, head_dim)
         n_proj = n_head + (1 if shared_kv else 2) * n_kv_head
         self.qkv = nn.Linear(d_model, n_proj * head_dim, bias=bias)
@@ -99,33 +103,44 @@ class RoveAttention(nn.Module):
         *,
         positions: torch.Tensor | None = None,
         doc_ids: torch.Tensor | None = None,
-        tables: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: KVCache | None = None,
-        layer_idx: int = 0,
+        inputs: AttentionInputs | None = None,
     ) -> torch.Tensor:
         """``x`` ``(B, T, C)`` -> ``(B, T, C)``.
 
         Arguments:
             positions: ``(T,)``, ``(1, T)`` or ``(B, T)``; default ``cache.length + arange(T)``.
             doc_ids: ``(B, T)`` document ids of packed sequences (not with a cache).
-            tables: precomputed ``(cos, sin)`` at ``positions`` (skips recomputing them).
-            cache: KV cache to read and extend (its ``length`` is advanced by the caller); a
-                dynamic-NTK rotary must be pinned (``Rotary.at_length``) to use one.
-            layer_idx: this layer's slot in the cache.
+            cache: KV cache to read and extend at ``layer_idx`` (its ``length`` is advanced by
+                the caller); a dynamic-NTK rotary must be pinned (``Rotary.at_length``) to use one.
+            inputs: the positions, tables and mask built once for every layer of a model
+                (``rove.functional.attention_inputs`` with this layer's rotary, the cache's length
+                as offset, and the cache checked by ``check_cache_use``), instead of
+                ``positions`` and ``doc_ids``.
         """
         if x.ndim != 3:
             raise ValueError(f"x must have shape (batch, seq, d_model), got {tuple(x.shape)}")
         bsz, seq, _ = x.shape
-        if cache is not None:
-            self._check_cache_use(doc_ids)
-        start = 0 if cache is None else cache.length
-        at = token_positions(self.rotary, positions, seq, batch=bsz, device=x.device, offset=start)
-        if tables is None and self.rotary is not None and self.pos != "nope":
-            (tables,) = position_tables(self.rotary, x.dtype, at)
-        mask = packing_mask(doc_ids, bsz, seq, seq, causal=self.causal)
+        if inputs is None:
+            if cache is not None:
+                check_cache_use(self.rotary, doc_ids)
+            inputs = attention_inputs(
+                self.pos,
+                self.rotary,
+                positions,
+                doc_ids,
+                batch=bsz,
+                seq=seq,
+                dtype=x.dtype,
+                device=x.device,
+                offset=0 if cache is None else cache.length,
+                causal=self.causal,
+            )
+        elif positions is not None or doc_ids is not None:
+            raise ValueError("give positions and doc_ids, or the inputs built from them, not both")
         q, k, v = rotate_qkv(
             self.qkv(x),  # (B, T, (Hq + 2 Hkv) D)
-            tables,
+            inputs.tables,
             pos=self.pos,
             rotary=self.rotary,
             n_head=self.n_head,
@@ -134,18 +149,20 @@ class RoveAttention(nn.Module):
         )
         q, scale = logit_temperature(q, self.rotary, self.pos)
         if cache is not None:
-            k, v = cache.update(layer_idx, k, v)
-        out = attend(q, k, v, causal=self.causal, scale=scale, mask=mask)  # (B, Hq, T, D)
-        return self.proj(unrotate(out, tables, pos=self.pos, rotary=self.rotary, merge_heads=True))
+            k, v = cache.update(self.layer_idx, k, v)
+        out = attend(q, k, v, causal=self.causal, scale=scale, mask=inputs.mask)  # (B, Hq, T, D)
+        merged = unrotate(out, inputs.tables, pos=self.pos, rotary=self.rotary, merge_heads=True)
+        return self.proj(merged)  # merged: (B, T, Hq * D)
 
-    def _check_cache_use(self, doc_ids: torch.Tensor | None) -> None:
-        """A cache extends one sequence with keys rotated once: no packing, and frequencies
-        that do not follow the length."""
-        if doc_ids is not None:
-            raise ValueError("doc_ids (packed sequences) cannot be combined with a KV cache")
-        if self.rotary is not None and self.rotary.dynamic:
-            raise ValueError(
-                "dynamic NTK's frequencies follow the total length, which a KV cache cannot "
-                "follow (cached keys, and in a deep model their content, depend on it): pin the "
-                "length with Rotary.at_length(...) (GPT.generate pins prompt + new tokens)"
-            )
+
+def check_cache_use(rotary: RotarySpec | None, doc_ids: torch.Tensor | None) -> None:
+    """A cache extends one sequence with keys rotated once: no packing, and frequencies that do
+    not follow the length."""
+    if doc_ids is not None:
+        raise ValueError("doc_ids (packed sequences) cannot be combined with a KV cache")
+    if rotary is not None and rotary.dynamic:
+        raise ValueError(
+            "dynamic NTK's frequencies follow the total length, which a KV cache cannot "
+            "follow (cached keys, and in a deep model their content, depend on it): pin the "
+            "length with Rotary.at_length(...) (GPT.generate pins prompt + new tokens)"
+        )

@@ -213,10 +213,9 @@ def layer_mixer(
 
 def layer_output(attn: RoveAttention, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The layer's own forward on ``x`` ``(T, C)`` in float64 (float64 rotation tables too)."""
-    layer = copy.deepcopy(attn).double().cpu()
-    tables = layer.rotary.tables(positions, torch.float64) if layer.rotary is not None else None
+    layer = copy.deepcopy(attn).double().cpu()  # float64 weights: float64 tables too
     with torch.no_grad():
-        return layer(x.double()[None], positions=positions, tables=tables)[0]
+        return layer(x.double()[None], positions=positions)[0]
 
 
 def reconstruction_error(attn: RoveAttention, x: torch.Tensor, positions: torch.Tensor) -> float:

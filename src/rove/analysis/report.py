@@ -39,7 +39,7 @@ from rove.analysis.plots import (
 )
 from rove.atomic import write_text_atomic
 from rove.generate import refuse_export
-from rove.model import GPT, POSITIONS, PRESETS, GPTConfig, get_preset
+from rove.model import GPT, MODEL_POS_CHOICES, PRESETS, GPTConfig, get_preset
 from rove.terminal import DefaultsFormatter, command, signature_defaults
 
 __all__ = ["analyze", "build_parser", "main", "random_model"]
@@ -316,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     src = parser.add_argument_group("model")
     src.add_argument("checkpoint", nargs="?", help="checkpoint or run folder (omit with --random)")
     src.add_argument("--random", action="store_true", help="analyse a randomly initialised model")
-    src.add_argument("--pos", choices=POSITIONS, help="position encoding of the random model")
+    src.add_argument(
+        "--pos", choices=MODEL_POS_CHOICES, help="position encoding of the random model"
+    )
     src.add_argument("--preset", choices=sorted(PRESETS), help="size of the random model")
     what = parser.add_argument_group("what to analyse")
     what.add_argument("--layer", type=int, help="block index")

@@ -29,12 +29,18 @@ from rove.atomic import check_replaceable, replace_folder
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, HFPos, convert, current_pos
 from rove.hf.model_card import is_rove_card
 from rove.hf.tokenizer import TOKENIZER_FILES
-from rove.rotary import SCALING_KINDS, Scaling, scaling_on_top
+from rove.rotary import (
+    SCALING_KINDS,
+    DynamicNTKParams,
+    Scaling,
+    YarnParams,
+    scaling_on_top,
+)
 from rove.sampling import check_sampling, next_tokens
 
-__all__ = ["POSITIONS", "HFCausalLM", "HFModelConfig", "trained_scaling"]
+__all__ = ["HF_POS_CHOICES", "HFCausalLM", "HFModelConfig", "trained_scaling"]
 
-POSITIONS: tuple[str, ...] = ("rope", "rove")
+HF_POS_CHOICES: tuple[str, ...] = ("rope", "rove")
 _MARKS = ("rove", "auto_map")  # what rove.hf.pretrained adds to a saved RoVE config
 # files a Hugging Face save (model and tokenizer) writes: save_pretrained replaces only these
 _HF_FILES = re.compile(
@@ -59,9 +65,9 @@ class HFModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"HF model config: {name} must be a positive int, got {value!r}")
-        if self.pos not in POSITIONS:
+        if self.pos not in HF_POS_CHOICES:
             raise ValueError(
-                f"HF model config: unknown pos {self.pos!r}; choose one of {POSITIONS}"
+                f"HF model config: unknown pos {self.pos!r}; choose one of {HF_POS_CHOICES}"
             )
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -183,7 +189,7 @@ def trained_scaling(hf_config: dict[str, Any]) -> Scaling | None:
 
 def _hf_rope(scaling: Scaling, rotary_dim: int, theta: float) -> tuple[dict[str, Any], float]:
     """HF's rope parameters and base theta for ``scaling`` of a model with base ``theta``."""
-    p: dict[str, Any] = dict(scaling.params)
+    p: dict[str, Any] = scaling.params.to_dict()
     factor = p.pop("factor")
     if scaling.kind == "linear":
         return {"rope_type": "linear", "factor": factor}, theta
@@ -211,11 +217,11 @@ def _apply_scaling(config: Any, scaling: Scaling, rotary_dim: int) -> None:
             config.rope_parameters = rope
     params, theta = _hf_rope(scaling, rotary_dim, theta)
     _set_rope(config, params, theta)
-    original = scaling.params.get("original_max_position")
-    if scaling.kind == "yarn":
-        config.max_position_embeddings = round(original * scaling.params["factor"])  # type: ignore[operator]
-    elif scaling.kind == "dynamic-ntk":
-        config.max_position_embeddings = original
+    typed = scaling.params
+    if isinstance(typed, YarnParams):
+        config.max_position_embeddings = round(typed.original_max_position * typed.factor)
+    elif isinstance(typed, DynamicNTKParams):
+        config.max_position_embeddings = typed.original_max_position
 
 
 def _scaled_rotary(module: Any, scaling: Scaling) -> nn.Module:
@@ -281,8 +287,8 @@ class HFCausalLM(nn.Module):
         from rove.hf.pretrained import from_pretrained
 
         folder = Path(path)
-        if pos is not None and pos not in POSITIONS:
-            raise ValueError(f"unknown pos {pos!r}; choose one of {POSITIONS}")
+        if pos is not None and pos not in HF_POS_CHOICES:
+            raise ValueError(f"unknown pos {pos!r}; choose one of {HF_POS_CHOICES}")
         if not (folder / "config.json").is_file():
             what = "is not a Hugging Face model folder (no config.json)"
             raise ValueError(f"{folder} {what if folder.is_dir() else 'does not exist'}")

@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from rove.hf.model_card import write_converted_card
-from rove.kernels import rotate, unrotate
+from rove.kernels import rotate, unrotate_merge_heads
 from rove.rotary import table_dtype
 
 __all__ = [
@@ -189,7 +189,7 @@ class _AttentionState:
         (attn,) = args
         bsz, seq, width = attn.shape
         heads = attn.view(bsz, seq, width // self.head_dim, self.head_dim).transpose(1, 2)
-        return (unrotate(heads, cos, sin),)  # (B, T, Hq * D)
+        return (unrotate_merge_heads(heads, cos, sin),)  # (B, T, Hq * D)
 
 
 def _rotate_heads(x: torch.Tensor, head_dim: int, tables: Tables) -> torch.Tensor:

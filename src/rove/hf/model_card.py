@@ -31,7 +31,7 @@ TAGS = ["rove", "rotary-value-embeddings", "custom_code"]
 # The weights' license is their owner's choice (the data they were trained on, a base model's
 # terms): the card says "other" until they set it. rove's own code in the folder is MIT.
 LICENSE = "other"
-POSITIONS = {  # pos: (name, what it does)
+POS_DESCRIPTIONS = {  # pos: (name, what it does)
     "rove": (
         "RoVE",
         "rotary value embeddings: RoPE's rotation of queries and keys, applied to the values "
@@ -158,7 +158,7 @@ def _not_this_way(stock: str) -> str:
 
 def write_export_card(folder: Path, config: Any, facts: TrainingFacts | None = None) -> None:
     """The card of a ``rove export`` that loads through ``modeling_rove_gpt.py``."""
-    name, what = POSITIONS[config.pos]
+    name, what = POS_DESCRIPTIONS[config.pos]
     kv = f", {config.n_kv_head} key/value heads" if config.n_kv_head else ""
     rotary = ""
     if config.pos in ("rope", "rove"):
@@ -193,7 +193,7 @@ def write_converted_card(
     stock = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
     source = str(getattr(config, "_name_or_path", "") or "")
     base = source if _HUB_ID.fullmatch(source) and not Path(source).exists() else None
-    what = POSITIONS["rove"][1]
+    what = POS_DESCRIPTIONS["rove"][1]
     _write(
         folder,
         f"{architecture} with RoVE attention",

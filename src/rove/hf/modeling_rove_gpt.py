@@ -27,9 +27,9 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-# rove.model.POSITIONS and rove.rotary.CONVENTIONS, restated (this file imports no rove);
+# rove.model.MODEL_POS_CHOICES and rove.rotary.CONVENTIONS, restated (this file imports no rove);
 # tests/test_hf_export.py pins them to the library's
-POSITIONS = ("learned", "nope", "rope", "rove")
+MODEL_POS_CHOICES = ("learned", "nope", "rope", "rove")
 CONVENTIONS = ("half", "interleaved")
 # transformers 5.24 renamed the cache argument and output field from past_key_values to cache
 _CACHE_FIELD = (
@@ -69,8 +69,8 @@ class RoveGPTConfig(PretrainedConfig):
         use_cache: bool = True,
         **kwargs: object,
     ) -> None:
-        if pos not in POSITIONS:
-            raise ValueError(f"unknown pos {pos!r}; choose one of {POSITIONS}")
+        if pos not in MODEL_POS_CHOICES:
+            raise ValueError(f"unknown pos {pos!r}; choose one of {MODEL_POS_CHOICES}")
         if rope_convention not in CONVENTIONS:
             raise ValueError(
                 f"unknown rope_convention {rope_convention!r}; choose one of {CONVENTIONS}"
@@ -173,8 +173,15 @@ class _Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = _MLP(config)
 
-    def forward(self, x: torch.Tensor, *args: object) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), *args)
+    def forward(
+        self,
+        x: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None,
+        cache: Cache | None,
+    ) -> torch.Tensor:
+        """``tables`` and ``mask`` are built once per forward, for every layer (as in rove)."""
+        x = x + self.attn(self.ln_1(x), tables, mask, cache)
         return x + self.mlp(self.ln_2(x))
 
 

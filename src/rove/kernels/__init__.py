@@ -5,14 +5,14 @@ from rove.kernels.dispatch import (
     rotate,
     rotate_qkv,
     triton_available,
-    unrotate,
+    unrotate_merge_heads,
     use_backend,
 )
 from rove.kernels.torch_rotary import (
     heads_view,
     rotate_qkv_torch,
     rotate_torch,
-    unrotate_torch,
+    unrotate_merge_heads_torch,
 )
 
 __all__ = [
@@ -23,7 +23,7 @@ __all__ = [
     "rotate_qkv_torch",
     "rotate_torch",
     "triton_available",
-    "unrotate",
-    "unrotate_torch",
+    "unrotate_merge_heads",
+    "unrotate_merge_heads_torch",
     "use_backend",
 ]

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 
 from rove._extras import missing_extra
-from rove.kernels.torch_rotary import rotate_qkv_torch, rotate_torch, unrotate_torch
+from rove.kernels.torch_rotary import rotate_qkv_torch, rotate_torch, unrotate_merge_heads_torch
 from rove.rotation import Convention
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
     "rotate",
     "rotate_qkv",
     "triton_available",
-    "unrotate",
+    "unrotate_merge_heads",
     "use_backend",
 ]
 
@@ -158,13 +158,13 @@ def rotate_qkv(
     )
 
 
-def unrotate(
+def unrotate_merge_heads(
     o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, convention: Convention = "half"
 ) -> torch.Tensor:
     """Attention output ``(B, H, T, D)`` -> ``R_(-i)``-rotated ``(B, T, H * D)`` for the out-projection."""
     cos, sin = check_tables(cos, sin, o.shape[0], o.shape[-2])
     if _use_triton(o, cos, sin):
-        from rove.kernels.triton_rotary import unrotate_triton
+        from rove.kernels.triton_rotary import unrotate_merge_heads_triton
 
-        return unrotate_triton(o, cos, sin, convention=convention)
-    return unrotate_torch(o, cos, sin, convention=convention)
+        return unrotate_merge_heads_triton(o, cos, sin, convention=convention)
+    return unrotate_merge_heads_torch(o, cos, sin, convention=convention)

@@ -29,7 +29,7 @@ __all__ = [
     "rotate_into",
     "rotate_qkv_torch",
     "rotate_torch",
-    "unrotate_torch",
+    "unrotate_merge_heads_torch",
     "value_heads",
 ]
 
@@ -310,7 +310,7 @@ def rotate_qkv_torch(
     return outs[0], outs[1], outs[2] if len(outs) == 3 else outs[1]
 
 
-def unrotate_torch(
+def unrotate_merge_heads_torch(
     o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, convention: Convention = "half"
 ) -> torch.Tensor:
     """RoVE's output step: ``R_(-i)`` on ``o`` ``(B, H, T, D)``, returned as ``(B, T, H * D)``.

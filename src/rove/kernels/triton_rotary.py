@@ -6,7 +6,7 @@ implementation), and ``register_autograd`` gives each op its backward. A rotatio
 so every backward is a forward of the same kernels with the conjugate flag flipped:
 
 - ``rotate``: backward is ``rotate`` with ``conjugate`` negated;
-- ``unrotate`` (``R^-1`` + transpose to ``(B, T, H * D)``): backward views the gradient as
+- ``unrotate_merge_heads`` (``R^-1`` + transpose to ``(B, T, H * D)``): backward views the gradient as
   ``(B, H, T, D)`` and rotates it forward, into the same ``(B, T, H, D)`` storage (SDPA's
   backward then needs no copy of ``dO``);
 - ``rotate_qkv``: backward is ``merge_rotate_qkv``, which inverse-rotates dq, dk (and dv)
@@ -29,7 +29,7 @@ from rove.kernels.torch_rotary import (
     empty_like_layout,
     rotate_qkv_torch,
     rotate_torch,
-    unrotate_torch,
+    unrotate_merge_heads_torch,
     value_heads,
 )
 from rove.kernels.triton_kernels import (
@@ -40,7 +40,7 @@ from rove.kernels.triton_kernels import (
 )
 from rove.rotation import Convention, check_convention
 
-__all__ = ["rotate_qkv_triton", "rotate_triton", "unrotate_triton"]
+__all__ = ["rotate_qkv_triton", "rotate_triton", "unrotate_merge_heads_triton"]
 
 
 def _check_4d(name: str, x: torch.Tensor) -> None:
@@ -58,8 +58,8 @@ def _rotate(
     return out
 
 
-@triton_op("rove::unrotate", mutates_args=())
-def _unrotate(
+@triton_op("rove::unrotate_merge_heads", mutates_args=())
+def _unrotate_merge_heads(
     o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
 ) -> torch.Tensor:
     _check_4d("o", o)
@@ -136,13 +136,13 @@ def _rotate_backward(ctx, grad: torch.Tensor):
     return _rotate(grad, cos, sin, ctx.interleaved, not ctx.conjugate), None, None, None, None
 
 
-def _setup_unrotate(ctx, inputs, output) -> None:
+def _setup_unrotate_merge_heads(ctx, inputs, output) -> None:
     o, cos, sin, ctx.interleaved = inputs
     ctx.heads = o.shape[1], o.shape[3]  # (H, D)
     ctx.save_for_backward(cos, sin)
 
 
-def _unrotate_backward(ctx, grad: torch.Tensor):
+def _unrotate_merge_heads_backward(ctx, grad: torch.Tensor):
     cos, sin = ctx.saved_tensors
     grad_heads = grad.unflatten(2, ctx.heads).transpose(1, 2)  # (B, T, H * D) -> (B, H, T, D) view
     return _rotate(grad_heads, cos, sin, ctx.interleaved, False), None, None, None
@@ -202,7 +202,9 @@ class _SplitValueView(torch.autograd.Function):
 
 
 _rotate.register_autograd(_rotate_backward, setup_context=_setup_rotate)
-_unrotate.register_autograd(_unrotate_backward, setup_context=_setup_unrotate)
+_unrotate_merge_heads.register_autograd(
+    _unrotate_merge_heads_backward, setup_context=_setup_unrotate_merge_heads
+)
 _rotate_qkv.register_autograd(_rotate_qkv_backward, setup_context=_setup_rotate_qkv)
 _merge_rotate_qkv.register_autograd(_merge_backward, setup_context=_setup_merge)
 
@@ -265,11 +267,11 @@ def rotate_qkv_triton(
     return q, k, outs[2] if len(outs) == 3 else k
 
 
-def unrotate_triton(
+def unrotate_merge_heads_triton(
     o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, convention: Convention = "half"
 ) -> torch.Tensor:
     """RoVE's output step: ``R_(-i)`` on ``o`` ``(B, H, T, D)`` (any strides) -> ``(B, T, H * D)``."""
     check_convention(convention)
     if o.dtype == torch.float64:
-        return unrotate_torch(o, cos, sin, convention=convention)
-    return _unrotate(o, cos.detach(), sin.detach(), convention == "interleaved")
+        return unrotate_merge_heads_torch(o, cos, sin, convention=convention)
+    return _unrotate_merge_heads(o, cos.detach(), sin.detach(), convention == "interleaved")

@@ -14,10 +14,10 @@ from rove.configs import check_types, dataclass_from_dict
 from rove.functional import POS_CHOICES, ROTARY_POS
 from rove.rotary import CONVENTIONS, Scaling
 
-__all__ = ["POSITIONS", "PRESETS", "GPTConfig", "get_preset"]
+__all__ = ["MODEL_POS_CHOICES", "PRESETS", "GPTConfig", "get_preset"]
 
 # what ``pos`` may be: the attention's encodings, or a learned absolute table added to the input
-POSITIONS = ("learned", *POS_CHOICES)
+MODEL_POS_CHOICES = ("learned", *POS_CHOICES)
 
 
 @dataclass
@@ -55,8 +55,8 @@ class GPTConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the offending field."""
-        if self.pos not in POSITIONS:
-            raise ValueError(f"unknown pos {self.pos!r}; choose one of {POSITIONS}")
+        if self.pos not in MODEL_POS_CHOICES:
+            raise ValueError(f"unknown pos {self.pos!r}; choose one of {MODEL_POS_CHOICES}")
         if self.rope_convention not in CONVENTIONS:
             raise ValueError(
                 f"unknown rope_convention {self.rope_convention!r}; choose one of {CONVENTIONS}"

@@ -5,7 +5,8 @@ partial rotary); everything else is GPT-2 (pre-LayerNorm blocks, GELU MLP, tied 
 RoPE vs RoVE comparison changes exactly one thing.
 
 Notable features:
-- cos/sin tables are computed once per forward (float64 angles) and shared by all layers.
+- positions, cos/sin tables (float64 angles) and the packing mask are built once per forward
+  (``rove.functional.AttentionInputs``) and shared by all layers.
 - ``token_nll`` computes the LM head in chunks, so long-context evaluation of a 50k vocabulary
   never materialises ``(B, T, V)`` logits.
 - ``generate`` decodes with a ``KVCache`` of rotated keys and rotated values, and equals
@@ -28,9 +29,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rove.functional import ROTARY_POS, check_pos, position_tables, token_positions
+from rove.functional import ROTARY_POS, AttentionInputs, Pos, attention_inputs, check_pos
 from rove.kv_cache import KVCache
-from rove.layer import RoveAttention
+from rove.layer import RoveAttention, check_cache_use
 from rove.model.config import GPTConfig
 from rove.rotary import SCALING_KINDS, Rotary, Scaling, Temperature, scaling_on_top
 from rove.sampling import check_sampling, next_tokens
@@ -49,25 +50,38 @@ class MLP(nn.Module):
         return self.drop(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
 
+def attention_pos(cfg: GPTConfig) -> Pos:
+    """The attention's encoding: a learned table is added to the input, and attention is NoPE."""
+    return "nope" if cfg.pos == "learned" else check_pos(cfg.pos)
+
+
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, rotary: Rotary | None) -> None:
+    def __init__(self, cfg: GPTConfig, rotary: Rotary | None, layer_idx: int) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.attn = RoveAttention(
             cfg.n_embd,
             cfg.n_head,
             cfg.n_kv_head,
-            pos="nope" if cfg.pos == "learned" else check_pos(cfg.pos),
+            pos=attention_pos(cfg),
             shared_kv=cfg.shared_kv,
             rotary=rotary,
             bias=cfg.bias,
+            layer_idx=layer_idx,
         )
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, **attn_kwargs: object) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln_1(x), **attn_kwargs))
+    def forward(
+        self,
+        x: torch.Tensor,
+        inputs: AttentionInputs | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``(B, T, C)`` -> ``(B, T, C)``; ``inputs`` and ``cache`` as in ``RoveAttention``
+        (without ``inputs``, the default positions and no packing)."""
+        x = x + self.drop(self.attn(self.ln_1(x), cache=cache, inputs=inputs))
         return x + self.mlp(self.ln_2(x))
 
 
@@ -94,7 +108,7 @@ class GPT(nn.Module):
             nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" else None
         )
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, self.rotary) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, self.rotary, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
@@ -149,28 +163,33 @@ class GPT(nn.Module):
             raise ValueError(
                 f"idx must be an integer tensor (batch, seq), got {idx.dtype} {tuple(idx.shape)}"
             )
-        seq = idx.shape[1]
-        start = 0 if cache is None else cache.length
-        at = token_positions(
-            self.rotary, positions, seq, batch=idx.shape[0], device=idx.device, offset=start
+        bsz, seq = idx.shape
+        if cache is not None:
+            check_cache_use(self.rotary, doc_ids)
+        inputs = attention_inputs(  # once, for every layer
+            attention_pos(self.config),
+            self.rotary,
+            positions,
+            doc_ids,
+            batch=bsz,
+            seq=seq,
+            dtype=self.wte.weight.dtype,
+            device=idx.device,
+            offset=0 if cache is None else cache.length,
         )
         x = self.wte(idx)
-        tables = None
         if self.wpe is not None:
-            top = int(at.tensor.max()) + 1 if at.tensor.numel() else 0
+            at = inputs.positions.tensor
+            top = int(at.max()) + 1 if at.numel() else 0
             if top > self.config.block_size:
                 raise ValueError(
                     f"position {top - 1} is beyond the learned position table "
                     f"(block_size {self.config.block_size}); rotary models can go further"
                 )
-            x = x + self.wpe(at.tensor)
-        elif self.rotary is not None:  # computed once, for every layer
-            (tables,) = position_tables(self.rotary, self.wte.weight.dtype, at)
+            x = x + self.wpe(at)
         x = self.drop(x)
-        for i, block in enumerate(self.blocks):
-            x = block(
-                x, positions=at.tensor, doc_ids=doc_ids, tables=tables, cache=cache, layer_idx=i
-            )
+        for block in self.blocks:
+            x = block(x, inputs, cache)
         if cache is not None:
             cache.advance(seq)
         return self.ln_f(x)

@@ -1,10 +1,10 @@
 """Rotary frequency schedules: plain, linear interpolation, NTK-aware, dynamic NTK and YaRN.
 
-Every schedule is a pure function with one signature, ``(rotary_dim, base, **params) ->
-RotaryFrequencies``, kept in the ``SCHEDULES`` registry, the one list of kinds. A ``Scaling`` names
-a kind (one of ``SCALING_KINDS``: every schedule but the unscaled "default") and its explicit
-scalar parameters, validated by name and type when it is made, so a typo raises instead of
-silently falling back to plain RoPE. ``None`` is "no scaling"; the dict form
+Every scaling kind (one of ``SCALING_KINDS``) has its typed parameters, a frozen dataclass in
+``SCALING_PARAMS`` (``LinearParams``, ``NTKParams``, ``DynamicNTKParams``, ``YarnParams``) whose
+``frequencies`` is the schedule; the fields are checked by name, type and range when made, so a
+typo raises instead of silently falling back to plain RoPE. A ``Scaling`` names a kind and holds
+its parameters; ``None`` is "no scaling" (the unscaled "default" schedule). The dict form
 ``{"type": kind, **params}`` is for JSON and configs (``Scaling.from_dict`` / ``to_dict``).
 
 Notable features:
@@ -23,19 +23,26 @@ References: Su et al. 2021 (RoFormer); Chen et al. 2023 (position interpolation)
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields
 from types import MappingProxyType
+from typing import Any, ClassVar, cast
 
 import torch
 
 __all__ = [
     "SCALING_KINDS",
+    "SCALING_PARAMS",
     "SCHEDULES",
+    "DynamicNTKParams",
+    "LinearParams",
+    "NTKParams",
     "RotaryFrequencies",
     "Scaling",
+    "ScalingParams",
+    "YarnParams",
     "rotary_frequencies",
     "scaling_on_top",
 ]
@@ -68,54 +75,133 @@ def _default(rotary_dim: int, base: float) -> RotaryFrequencies:
     return RotaryFrequencies(_base_inv_freq(rotary_dim, base))
 
 
-def _linear(rotary_dim: int, base: float, *, factor: float) -> RotaryFrequencies:
-    """Position interpolation: positions are divided by ``factor``."""
-    return RotaryFrequencies(_base_inv_freq(rotary_dim, base) / factor)
-
-
 def _ntk_base(rotary_dim: int, base: float, scale: float) -> float:
     return base * scale ** (rotary_dim / (rotary_dim - 2))
-
-
-def _ntk(rotary_dim: int, base: float, *, factor: float) -> RotaryFrequencies:
-    """NTK-aware scaling: a larger base stretches low frequencies and keeps the highest one."""
-    return RotaryFrequencies(_base_inv_freq(rotary_dim, _ntk_base(rotary_dim, base, factor)))
-
-
-def _dynamic_ntk(
-    rotary_dim: int,
-    base: float,
-    *,
-    factor: float,
-    original_max_position: int,
-    seq_len: int | None = None,
-) -> RotaryFrequencies:
-    """NTK-aware scaling whose strength grows with the current length (plain RoPE up to the
-    original context). ``seq_len`` is filled in by ``Rotary`` from the positions being encoded."""
-    seq_len = original_max_position if seq_len is None else seq_len
-    if seq_len <= original_max_position:
-        return _default(rotary_dim, base)
-    scale = factor * seq_len / original_max_position - (factor - 1)
-    return RotaryFrequencies(_base_inv_freq(rotary_dim, _ntk_base(rotary_dim, base, scale)))
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _yarn(
-    rotary_dim: int,
-    base: float,
-    *,
-    factor: float,
-    original_max_position: int,
-    beta_fast: float = 32.0,
-    beta_slow: float = 1.0,
-    attention_factor: float | None = None,
-    mscale: float | None = None,
-    mscale_all_dim: float | None = None,
-    truncate: bool = True,
-) -> RotaryFrequencies:
+@dataclass(frozen=True)
+class _Params:
+    """The parameters every kind takes, ``factor`` (>= 1), and the checks of them all: a field
+    typed ``int`` or ``float`` takes a finite number (``| None``: or None, "absent"), ``bool``
+    a bool; each kind's ``frequencies`` is its schedule."""
+
+    kind: ClassVar[str]
+    factor: float
+
+    def __post_init__(self) -> None:
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if spec.type == "bool":
+                if not isinstance(value, bool):
+                    raise TypeError(f"{self._name(spec.name)} must be a bool, got {value!r}")
+                continue
+            if value is None and "None" in str(spec.type):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{self._name(spec.name)} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{self._name(spec.name)} must be finite, got {value}")
+            if str(spec.type).startswith("int") and not isinstance(value, int):
+                if not value.is_integer():
+                    raise ValueError(f"{self._name(spec.name)} must be a whole number, got {value}")
+                object.__setattr__(self, spec.name, int(value))  # e.g. 1024.0 from a JSON config
+        if self.factor < 1:
+            raise ValueError(
+                f"rotary scaling {self.kind!r}: factor must be >= 1, got {self.factor}"
+            )
+
+    def _name(self, name: str) -> str:
+        return f"rotary scaling {self.kind!r}: {name!r}"
+
+    def _positive(self, *names: str) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{self._name(name)} must be > 0, got {value}")
+
+    @classmethod
+    def from_mapping(cls, params: Mapping[str, object]) -> ScalingParams:
+        """The kind's parameters from their dict form, unknown and missing names refused."""
+        accepted = [spec.name for spec in fields(cls)]
+        unknown = sorted(set(params) - set(accepted))
+        if unknown:
+            raise ValueError(
+                f"unknown parameter(s) {unknown} for rotary scaling {cls.kind!r}; "
+                f"it accepts {sorted(accepted)}"
+            )
+        missing = [s.name for s in fields(cls) if s.default is MISSING and s.name not in params]
+        if missing:
+            raise ValueError(f"rotary scaling {cls.kind!r} needs parameter(s) {missing}")
+        made = cls(**cast("dict[str, Any]", params))  # each value checked by __post_init__
+        assert isinstance(made, _SCALING_PARAMS)  # every subclass is one of them
+        return made
+
+    def to_dict(self) -> dict[str, object]:
+        """The parameters that differ from their defaults (None: absent), as ``from_mapping``
+        reads them."""
+        return {
+            spec.name: value
+            for spec in fields(self)
+            if (value := getattr(self, spec.name)) is not None
+            and (spec.default is MISSING or value != spec.default)
+        }
+
+
+@dataclass(frozen=True)
+class LinearParams(_Params):
+    """Position interpolation: positions are divided by ``factor``."""
+
+    kind: ClassVar[str] = "linear"
+
+    def frequencies(
+        self, rotary_dim: int, base: float, seq_len: int | None = None
+    ) -> RotaryFrequencies:
+        return RotaryFrequencies(_base_inv_freq(rotary_dim, base) / self.factor)
+
+
+@dataclass(frozen=True)
+class NTKParams(_Params):
+    """NTK-aware scaling: a larger base stretches low frequencies and keeps the highest one."""
+
+    kind: ClassVar[str] = "ntk"
+
+    def frequencies(
+        self, rotary_dim: int, base: float, seq_len: int | None = None
+    ) -> RotaryFrequencies:
+        return RotaryFrequencies(
+            _base_inv_freq(rotary_dim, _ntk_base(rotary_dim, base, self.factor))
+        )
+
+
+@dataclass(frozen=True)
+class DynamicNTKParams(_Params):
+    """NTK-aware scaling whose strength grows with the current length (plain RoPE up to the
+    original context). ``seq_len`` is filled in by ``Rotary`` from the positions being encoded."""
+
+    kind: ClassVar[str] = "dynamic-ntk"
+    original_max_position: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._positive("original_max_position")
+
+    def frequencies(
+        self, rotary_dim: int, base: float, seq_len: int | None = None
+    ) -> RotaryFrequencies:
+        original = self.original_max_position
+        seq_len = original if seq_len is None else seq_len
+        if seq_len <= original:
+            return _default(rotary_dim, base)
+        scale = self.factor * seq_len / original - (self.factor - 1)
+        return RotaryFrequencies(_base_inv_freq(rotary_dim, _ntk_base(rotary_dim, base, scale)))
+
+
+@dataclass(frozen=True)
+class YarnParams(_Params):
     """YaRN: interpolate low frequencies, keep high ones, ramp between; plus a logit temperature.
 
     Planes that turn more than ``beta_fast`` times over the original context keep their frequency
@@ -125,125 +211,119 @@ def _yarn(
     The temperature is ``attention_factor`` if given, else ``mscale(factor, mscale) /
     mscale(factor, mscale_all_dim)`` when both are given (DeepSeek), else ``0.1 ln(factor) + 1``.
     As in HF, a single one of ``mscale`` / ``mscale_all_dim`` is ignored; unlike HF, ``0`` is
-    refused rather than read as "absent" (``rotary_frequencies`` validates this).
+    refused rather than read as "absent".
     """
 
-    def correction_dim(num_rotations: float) -> float:
-        # the dimension index whose plane completes `num_rotations` turns over the original context
-        turns = original_max_position / (num_rotations * 2 * math.pi)
-        return rotary_dim * math.log(turns) / (2 * math.log(base))
+    kind: ClassVar[str] = "yarn"
+    original_max_position: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
 
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, rotary_dim - 1)
-    if low == high:
-        high += 0.001  # avoid a zero-width ramp
-    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-    keep = 1.0 - ramp  # 1: extrapolate (keep frequency), 0: interpolate (divide by factor)
-    inv_freq = _base_inv_freq(rotary_dim, base)
-    inv_freq = inv_freq / factor * (1 - keep) + inv_freq * keep
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._positive("original_max_position", "beta_fast", "beta_slow", "attention_factor")
+        for name in ("mscale", "mscale_all_dim"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                # HF reads 0 as "absent" (a falsy check); the formula would read it as a value.
+                # Neither reading is safe to guess, so only positive values or None are accepted.
+                raise ValueError(
+                    f"{self._name(name)} must be > 0 or None (absent), got {value}; "
+                    "HF treats 0 as absent: omit the key for that meaning"
+                )
 
-    if attention_factor is None:
-        if mscale is not None and mscale_all_dim is not None:
-            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
-        else:
-            attention_factor = _yarn_mscale(factor)
-    return RotaryFrequencies(inv_freq, float(attention_factor))
+    def frequencies(
+        self, rotary_dim: int, base: float, seq_len: int | None = None
+    ) -> RotaryFrequencies:
+        def correction_dim(num_rotations: float) -> float:
+            # the dimension index whose plane completes `num_rotations` turns over the original
+            # context
+            turns = self.original_max_position / (num_rotations * 2 * math.pi)
+            return rotary_dim * math.log(turns) / (2 * math.log(base))
+
+        factor = self.factor
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, rotary_dim - 1)
+        if low == high:
+            high += 0.001  # avoid a zero-width ramp
+        index = torch.arange(rotary_dim // 2, dtype=torch.float64)
+        ramp = ((index - low) / (high - low)).clamp(0, 1)
+        keep = 1.0 - ramp  # 1: extrapolate (keep frequency), 0: interpolate (divide by factor)
+        inv_freq = _base_inv_freq(rotary_dim, base)
+        inv_freq = inv_freq / factor * (1 - keep) + inv_freq * keep
+
+        attention_factor = self.attention_factor
+        if attention_factor is None:
+            if self.mscale is not None and self.mscale_all_dim is not None:
+                attention_factor = _yarn_mscale(factor, self.mscale) / _yarn_mscale(
+                    factor, self.mscale_all_dim
+                )
+            else:
+                attention_factor = _yarn_mscale(factor)
+        return RotaryFrequencies(inv_freq, float(attention_factor))
 
 
-Schedule = Callable[..., RotaryFrequencies]
+ScalingParams = LinearParams | NTKParams | DynamicNTKParams | YarnParams
+_SCALING_PARAMS = (LinearParams, NTKParams, DynamicNTKParams, YarnParams)
 
-# read-only: a kind added here at run time would bypass SCALING_KINDS, fixed at import
-SCHEDULES: Mapping[str, Schedule] = MappingProxyType(
-    {
-        "default": _default,
-        "linear": _linear,
-        "ntk": _ntk,
-        "dynamic-ntk": _dynamic_ntk,
-        "yarn": _yarn,
-    }
+# every kind's parameters, the one list of kinds; read-only: a kind added at run time would
+# bypass SCALING_KINDS, fixed at import
+SCALING_PARAMS: Mapping[str, type[ScalingParams]] = MappingProxyType(
+    {params.kind: params for params in _SCALING_PARAMS}
 )
 
-# the kinds a Scaling may name: every schedule but the unscaled one, which is ``None``
-SCALING_KINDS: tuple[str, ...] = tuple(kind for kind in SCHEDULES if kind != "default")
+# the kinds a Scaling may name; "default" is the unscaled schedule, which is ``None``
+SCALING_KINDS: tuple[str, ...] = tuple(SCALING_PARAMS)
+SCHEDULES: tuple[str, ...] = ("default", *SCALING_KINDS)
 
 
-def _validate(kind: str, params: dict[str, object]) -> None:
-    signature = inspect.signature(SCHEDULES[kind])
-    accepted = {
-        n: p
-        for n, p in signature.parameters.items()
-        if p.kind is p.KEYWORD_ONLY and n != "seq_len"  # seq_len comes from the positions
-    }
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
+def _params_class(kind: object) -> type[ScalingParams]:
+    if not isinstance(kind, str) or kind not in SCALING_PARAMS:
+        plain = "; 'default' is no scaling: use None" if kind == "default" else ""
         raise ValueError(
-            f"unknown parameter(s) {unknown} for rotary scaling {kind!r}; "
-            f"it accepts {sorted(accepted)}"
+            f"unknown rotary scaling type {kind!r}; choose one of {sorted(SCALING_KINDS)}{plain}"
         )
-    missing = [n for n, p in accepted.items() if p.default is p.empty and n not in params]
-    if missing:
-        raise ValueError(f"rotary scaling {kind!r} needs parameter(s) {missing}")
-    numbers: dict[str, float] = {}  # the numeric parameters given (not None)
-    for name, value in params.items():
-        if name == "truncate":
-            if not isinstance(value, bool):
-                raise TypeError(
-                    f"rotary scaling {kind!r}: 'truncate' must be a bool, got {value!r}"
-                )
-        elif value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(
-                    f"rotary scaling {kind!r}: {name!r} must be a number, got {value!r}"
-                )
-            numbers[name] = value
-    for name, number in numbers.items():
-        if isinstance(number, float) and not math.isfinite(number):
-            raise ValueError(f"rotary scaling {kind!r}: {name!r} must be finite, got {number}")
-    factor = numbers.get("factor")
-    if factor is not None and factor < 1:
-        raise ValueError(f"rotary scaling {kind!r}: factor must be >= 1, got {factor}")
-    for name in ("original_max_position", "beta_fast", "beta_slow", "attention_factor"):
-        value = numbers.get(name)
-        if value is not None and value <= 0:
-            raise ValueError(f"rotary scaling {kind!r}: {name!r} must be > 0, got {value}")
-    for name in ("mscale", "mscale_all_dim"):
-        value = numbers.get(name)
-        if value is not None and value <= 0:
-            # HF reads 0 as "absent" (a falsy check); the formula would read it as a value.
-            # Neither reading is safe to guess, so only positive values or None are accepted.
-            raise ValueError(
-                f"rotary scaling {kind!r}: {name!r} must be > 0 or None (absent), got {value}; "
-                "HF treats 0 as absent: omit the key for that meaning"
-            )
+    return SCALING_PARAMS[kind]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Scaling:
-    """A frequency scaling: a kind of ``SCALING_KINDS`` and its parameters, checked when made.
+    """A frequency scaling: a kind of ``SCALING_KINDS`` and its typed parameters (the kind's
+    ``*Params`` class), checked when made.
 
-    ``Scaling("yarn", {"factor": 4.0, "original_max_position": 1024})``. No scaling is ``None``,
-    never a ``Scaling``, so "plain" has one spelling. The parameters are a read-only copy: a
-    validated spec cannot change afterwards.
+    ``Scaling("yarn", {"factor": 4.0, "original_max_position": 1024})`` or ``Scaling("yarn",
+    YarnParams(factor=4.0, original_max_position=1024))``. No scaling is ``None``, never a
+    ``Scaling``, so "plain" has one spelling. Parameters are frozen: a validated spec cannot
+    change afterwards.
     """
 
     kind: str
-    params: Mapping[str, object] = field(default_factory=dict, hash=False)
+    params: ScalingParams
 
-    def __post_init__(self) -> None:
-        if self.kind not in SCALING_KINDS:
-            plain = "; 'default' is no scaling: use None" if self.kind == "default" else ""
-            raise ValueError(
-                f"unknown rotary scaling type {self.kind!r}; choose one of "
-                f"{sorted(SCALING_KINDS)}{plain}"
-            )
-        params = dict(self.params)
-        _validate(self.kind, params)
-        object.__setattr__(self, "params", MappingProxyType(params))
+    def __init__(
+        self, kind: str, params: Mapping[str, object] | ScalingParams | None = None
+    ) -> None:
+        expected = _params_class(kind)
+        if isinstance(params, _Params):
+            if not isinstance(params, expected):
+                raise ValueError(
+                    f"rotary scaling {kind!r} takes {expected.__name__}, "
+                    f"got {type(params).__name__}"
+                )
+            typed: ScalingParams = params
+        else:
+            typed = expected.from_mapping({} if params is None else params)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "params", typed)
 
     def __repr__(self) -> str:
-        return f"Scaling(kind={self.kind!r}, params={dict(self.params)!r})"
+        return f"Scaling(kind={self.kind!r}, params={self.params.to_dict()!r})"
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, object]) -> Scaling | None:
@@ -258,13 +338,17 @@ class Scaling:
                 f"'rope_type' {hf_kind!r}"
             )
         if hf_kind == "default":
-            _validate("default", params)  # parameters for plain RoPE are a mistake
+            if params:  # parameters for plain RoPE are a mistake
+                raise ValueError(
+                    f"unknown parameter(s) {sorted(params)} for rotary scaling 'default'; "
+                    "it accepts []"
+                )
             return None
-        return cls(hf_kind, params)  # type: ignore[arg-type]  # a non-str kind is refused there
+        return cls(_params_class(hf_kind).kind, params)
 
     def to_dict(self) -> dict[str, object]:
         """The JSON form ``{"type": kind, **params}``, which ``from_dict`` reads back."""
-        return {"type": self.kind, **self.params}
+        return {"type": self.kind, **self.params.to_dict()}
 
 
 # the kinds whose scaling by ``a`` then by ``b`` is one scaling by ``a * b`` (see scaling_on_top)
@@ -290,11 +374,11 @@ def scaling_on_top(trained: Scaling | None, kind: str, factor: float, block_size
     if kind != trained.kind or kind not in _COMPOSABLE:
         raise ValueError(
             f"the model was trained with {trained.kind} rotary scaling "
-            f"(factor {trained.params['factor']}); {kind} scaling on top of it is not one "
+            f"(factor {trained.params.factor}); {kind} scaling on top of it is not one "
             f"exact scaling (only {', '.join(_COMPOSABLE)} compose, with their own kind)"
         )
-    total = float(trained.params["factor"]) * float(factor)  # type: ignore[arg-type]
-    return Scaling(kind, {**trained.params, "factor": total})
+    total = float(trained.params.factor) * float(factor)
+    return Scaling(kind, dataclasses.replace(trained.params, factor=total))
 
 
 def rotary_frequencies(
@@ -330,7 +414,4 @@ def rotary_frequencies(
     if kind in ("ntk", "dynamic-ntk") and rotary_dim <= 2:
         # the NTK base exponent is rotary_dim / (rotary_dim - 2)
         raise ValueError(f"rotary scaling {kind!r} needs rotary_dim >= 4, got {rotary_dim}")
-    params = dict(scaling.params)
-    if kind == "dynamic-ntk":
-        params["seq_len"] = seq_len
-    return SCHEDULES[kind](rotary_dim, float(base), **params)
+    return scaling.params.frequencies(rotary_dim, float(base), seq_len)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from rove import run_files
 from rove.configs import read_json_config
 from rove.data.tokenizers import check_tokenizer_name
-from rove.model import POSITIONS, PRESETS, GPTConfig
+from rove.model import MODEL_POS_CHOICES, PRESETS, GPTConfig
 from rove.rotary import CONVENTIONS, SCALING_KINDS
 from rove.terminal import (
     DefaultsFormatter,
@@ -73,7 +73,7 @@ _MODEL_DEFAULTS = config_defaults(GPTConfig)  # shown in help; the flags default
 def build_parser(
     prog: str = "rove train",
     description: str = "Train a GPT-2 style model with a given position encoding (RoPE, RoVE, ...).",
-    positions: tuple[str, ...] = POSITIONS,
+    positions: tuple[str, ...] = MODEL_POS_CHOICES,
     architecture: bool = True,
 ) -> argparse.ArgumentParser:
     """``rove train``'s flags, one per ``TrainConfig`` field; ``rove finetune`` adds its own

@@ -37,7 +37,7 @@ from rove.data.tokenizers import (
     get_tokenizer,
 )
 from rove.functional import ROTARY_POS
-from rove.model import POSITIONS, PRESETS, GPTConfig, get_preset
+from rove.model import MODEL_POS_CHOICES, PRESETS, GPTConfig, get_preset
 from rove.precision import DTYPES
 from rove.rotary import SCALING_KINDS
 from rove.train.distributed import PARALLEL
@@ -239,7 +239,7 @@ class TrainConfig:
     def _check_choices(self) -> None:
         """Fields that name one of a fixed set of options, and the corpus."""
         _choice("preset", self.preset, tuple(PRESETS))
-        _choice("pos", self.pos, POSITIONS)
+        _choice("pos", self.pos, MODEL_POS_CHOICES)
         _choice("schedule", self.schedule, LR_SCHEDULES)
         _choice("decay_shape", self.decay_shape, DECAY_SHAPES)
         _choice("dtype", self.dtype, DTYPES)

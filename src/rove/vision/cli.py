@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from rove.model import POSITIONS
+from rove.model import MODEL_POS_CHOICES
 from rove.rotary.nd import LAYOUTS
 from rove.terminal import DefaultsFormatter, command, config_defaults, signature_defaults
 from rove.vision.data import ImageData, load_cifar10, load_digits
@@ -96,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--n-head", type=int, help="attention heads")
     model.add_argument("--pool", choices=POOLS, help="pooling")
     model.add_argument(
-        "--pos", nargs="+", choices=POSITIONS, metavar="POS",
-        help=f"position encodings ({', '.join(POSITIONS)})",
+        "--pos", nargs="+", choices=MODEL_POS_CHOICES, metavar="POS",
+        help=f"position encodings ({', '.join(MODEL_POS_CHOICES)})",
     )  # fmt: skip
     model.add_argument(
         "--layouts", nargs="+", choices=LAYOUTS, metavar="LAYOUT",

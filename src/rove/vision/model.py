@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from rove.functional import ROTARY_POS, Pos, check_pos
 from rove.layer import RoveAttention
-from rove.model import POSITIONS
+from rove.model import MODEL_POS_CHOICES
 from rove.rotary.nd import LAYOUTS, NDRotary, grid_positions
 
 __all__ = ["POOLS", "ViT", "ViTConfig", "variants"]
@@ -52,7 +52,7 @@ class ViTConfig:
     n_head: int = 4  # attention heads
     n_embd: int = 64  # width; head dim = n_embd // n_head
     mlp_ratio: int = 2  # MLP hidden width = mlp_ratio * n_embd
-    pos: str = "rove"  # learned, nope, rope or rove (rove.model.POSITIONS)
+    pos: str = "rove"  # learned, nope, rope or rove (rove.model.MODEL_POS_CHOICES)
     layout: str = "axial"  # of the 2-D rotary (rope, rove): axial or mixed; unused otherwise
     rope_base: float = 100.0  # ladder base of the 2-D rotary (RoPE-ViT uses 100)
     mixed_seed: int = 0  # seed of the mixed layout's random directions
@@ -64,8 +64,8 @@ class ViTConfig:
         for name in counts.split():
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.pos not in POSITIONS:
-            raise ValueError(f"unknown pos {self.pos!r}; choose one of {POSITIONS}")
+        if self.pos not in MODEL_POS_CHOICES:
+            raise ValueError(f"unknown pos {self.pos!r}; choose one of {MODEL_POS_CHOICES}")
         if self.layout not in LAYOUTS:  # checked for every pos: a typo is never silently unused
             raise ValueError(f"unknown layout {self.layout!r}; choose one of {LAYOUTS}")
         if self.pool not in POOLS:
@@ -96,7 +96,7 @@ class ViTConfig:
 
 
 def variants(
-    base: ViTConfig, pos: Sequence[str] = POSITIONS, layouts: Sequence[str] = LAYOUTS
+    base: ViTConfig, pos: Sequence[str] = MODEL_POS_CHOICES, layouts: Sequence[str] = LAYOUTS
 ) -> list[ViTConfig]:
     """``base`` with each position encoding of ``pos``, the rotary ones in each of ``layouts``
     (repeats dropped): learned and nope first, then per layout RoPE beside RoVE."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rove.model import POSITIONS
+from rove.model import MODEL_POS_CHOICES
 from rove.rotary.nd import LAYOUTS
 from rove.vision.data import ImageData, resize
 from rove.vision.model import ViT, ViTConfig, variants
@@ -106,7 +106,7 @@ def run_comparison(
     base: ViTConfig,
     settings: TrainSettings,
     *,
-    pos: Sequence[str] = POSITIONS,
+    pos: Sequence[str] = MODEL_POS_CHOICES,
     layouts: Sequence[str] = LAYOUTS,
     seeds: Sequence[int] = (0, 1, 2),
     test_sizes: Sequence[int] = (16, 24, 32),
