@@ -144,3 +144,20 @@ def test_fraction_bad_input():
     rove.hf.convert(model, fraction=0.5)
     rove.hf.convert(model, "rope")
     assert not hasattr(model.config, "_rove_fraction")  # back to the stock config
+
+
+def test_a_rotary_module_swapped_in_later_is_followed():
+    """``HFCausalLM.rope_scaling`` puts new rotary modules in place: V/O at a fraction follow
+    their position_ids and frequencies (a stale module's would be refused), and a = 0 is the
+    stock model under the same scaling."""
+    from rove.hf import HFCausalLM
+
+    model = HFCausalLM(rove.hf.convert(tiny_model("llama"), fraction=0.5), 16)
+    stock = HFCausalLM(tiny_model("llama"), 16)
+    ids = torch.randint(1, VOCAB, (1, 40))
+    with torch.no_grad(), model.rope_scaling("yarn", 4), stock.rope_scaling("yarn", 4):
+        half, scaled = model(ids), stock(ids)
+        model.set_rove_fraction(0)
+        assert model.rove_fraction == 0
+        assert torch.equal(model(ids), scaled)
+    assert not torch.allclose(half, scaled, atol=1e-4)

@@ -29,6 +29,7 @@ from them (float64 angles). a = 1 is the path above unchanged, a = 0 skips V and
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -109,7 +110,10 @@ class _SharedTables:
         self.tables: Tables | None = None
         # (cos, sin, position_ids, inv_freq) of the rotary module's last forward
         self.source: tuple[torch.Tensor, ...] | None = None
-        self.rotaries: dict[nn.Module, RemovableHandle] = {}
+        # weak: a rotary module swapped out (and dropped) takes its hook with it
+        self.rotaries: weakref.WeakKeyDictionary[nn.Module, RemovableHandle] = (
+            weakref.WeakKeyDictionary()
+        )
         self.handle = model.register_forward_pre_hook(self.hook_rotaries)
 
     def hook_rotaries(self, model: nn.Module, *_: object) -> None:
