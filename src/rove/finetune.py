@@ -46,7 +46,7 @@ from rove.train import cli as train_cli
 from rove.train import train
 from rove.train.config import TrainConfig
 from rove.train.loop import TrainingInterrupted
-from rove.train.source import CONVERSIONS, read_source
+from rove.train.source import read_source
 
 __all__ = [
     "DEMO_OUT",
@@ -85,18 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         help="rove run or checkpoint folder, or Hugging Face model folder (llama, qwen2, "
         "gpt_neox, ...), with a RoPE or RoVE attention",
-    )
-    g = p.add_argument_group("conversion (a RoPE model continued as RoVE)")
-    g.add_argument(
-        "--conversion",
-        choices=CONVERSIONS,
-        help="smooth (default): V/O rotations ramped from none of RoVE's angles (the model as "
-        "it is) to all of them over --ramp-steps, no loss spike; hard: RoVE from step 0",
-    )
-    g.add_argument(
-        "--ramp-steps",
-        type=int,
-        help="smooth: steps of the linear ramp; default: a tenth of the run",
     )
     p.add_argument(
         "--demo",

@@ -145,7 +145,8 @@ def check_fraction(fraction: float) -> float:
 
 
 def conversion_fraction(step: int, ramp_steps: int) -> float:
-    """The smooth conversion's a after ``step`` optimizer steps: ``step / ramp_steps``, then 1.
+    """The smooth conversion's a of the model after ``step`` optimizer steps (the update that
+    makes it trains at it): ``step / ramp_steps``, then 1.
 
     Linear rather than cosine: the function moves by the same amount at every step (the
     smallest largest move for a given ramp: cosine's middle is pi/2 times steeper), which an

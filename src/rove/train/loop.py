@@ -360,7 +360,7 @@ def _take_step(run: Run, state: Progress, model: torch.nn.Module) -> dict[str, f
     """
     cfg, step = run.cfg, state.step
     lr = _lr_at(cfg, step)
-    fraction = _convert_at(run, step)
+    fraction = _convert_at(run, step + 1)  # the update makes the model of step + 1
     t0 = time.perf_counter()
     try:
         loss, norm = train_step(
@@ -405,8 +405,10 @@ def _take_step(run: Run, state: Progress, model: torch.nn.Module) -> dict[str, f
 
 
 def _convert_at(run: Run, step: int) -> float | None:
-    """A smooth conversion's RoVE fraction at ``step`` (:func:`conversion_fraction`), set on
-    the model; None for other runs. A function of the step, as the learning rate is."""
+    """A smooth conversion's RoVE fraction of the model of ``step`` (:func:`conversion_fraction`),
+    set on the model; None for other runs. A function of the step, as the learning rate is: the
+    model of step 0 (validated) is the source's, the update that makes the model of step k
+    trains at k's fraction, at which that model is validated and saved."""
     cfg = run.cfg
     if cfg.conversion != "smooth":
         return None
