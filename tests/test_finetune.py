@@ -218,6 +218,18 @@ def test_the_comparison_pairs_both_arms_on_one_recipe(source, tmp_path):
     assert not cfg.eval.icl
 
 
+def test_runs_stored_before_the_conversion_fields_keep_their_fingerprint(source):
+    from rove.train.config import run_fingerprint
+
+    control = TrainConfig(init_from=str(source), pos="rope", max_steps=4).resolve().to_dict()
+    older = {k: v for k, v in control.items() if k not in ("conversion", "ramp_steps")}
+    assert run_fingerprint(older) == run_fingerprint(control)  # a compare reuses the run
+    rove = TrainConfig(init_from=str(source), max_steps=4).resolve().to_dict()
+    assert run_fingerprint({**rove, "conversion": "hard", "ramp_steps": None}) != (
+        run_fingerprint(rove)
+    )
+
+
 def test_a_longer_context_keeps_the_tokens_per_micro_batch(source):
     cfg = TrainConfig(init_from=str(source), seq_len=128, max_steps=4).resolve()
     assert (cfg.micro_batch, cfg.tokens_per_step) == (8, 1024)  # the source's 32 rows of 32

@@ -70,6 +70,8 @@ VOCAB_MULTIPLE = 64
 DERIVED_MODEL_FIELDS = ("vocab_size", "block_size", "pos")
 # Where a run folder lives: not part of a run's identity, so a moved or renamed folder resumes.
 LOCATION_FIELDS = ("out_dir", "run_name")
+# Fields added after runs were stored: unset, they leave a run's fingerprint as it was before
+UNSET_IS_ABSENT = ("conversion", "ramp_steps")
 # Fields a resumed run may change: they affect logging, speed or bookkeeping, not the math
 # (micro_batch changes only the float summation order of gradient accumulation).
 RESUMABLE_CHANGES = (
@@ -651,7 +653,11 @@ def run_fingerprint(train_config: dict) -> str:
     Two runs with the same fingerprint are the same experiment: ``rove compare`` reuses a run
     folder only if its stored config has the fingerprint the comparison asks for.
     """
-    identity = {k: v for k, v in train_config.items() if k not in LOCATION_FIELDS}
+    identity = {
+        k: v
+        for k, v in train_config.items()
+        if k not in LOCATION_FIELDS and not (k in UNSET_IS_ABSENT and v is None)
+    }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
