@@ -19,9 +19,11 @@ from rove.functional import (
     attend,
     attention_inputs,
     check_pos,
+    fraction_tables,
     logit_temperature,
     rotary_for,
     rotate_qkv,
+    rotate_values,
     unrotate,
 )
 from rove.kv_cache import KVCache
@@ -81,6 +83,9 @@ class RoveAttention(nn.Module):
         n_proj = n_head + (1 if shared_kv else 2) * n_kv_head
         self.qkv = nn.Linear(d_model, n_proj * head_dim, bias=bias)
         self.proj = nn.Linear(n_head * head_dim, d_model, bias=bias)
+        # the smooth conversion's a (rove only): V and O rotate by a fraction of their angles,
+        # a runtime setting rather than a config field (``GPT.set_rove_fraction``)
+        self.rove_fraction = 1.0
 
     def _apply(
         self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
@@ -138,20 +143,29 @@ class RoveAttention(nn.Module):
             )
         elif positions is not None or doc_ids is not None:
             raise ValueError("give positions and doc_ids, or the inputs built from them, not both")
+        a = self.rove_fraction if self.pos == "rove" else 1.0
+        qk_pos: Pos = "rope" if a != 1 else self.pos  # 0 < a < 1: V and O rotate apart
         q, k, v = rotate_qkv(
             self.qkv(x),  # (B, T, (Hq + 2 Hkv) D)
             inputs.tables,
-            pos=self.pos,
+            pos=qk_pos,
             rotary=self.rotary,
             n_head=self.n_head,
             n_kv_head=self.n_kv_head,
             shared_kv=self.shared_kv,
         )
+        vo_pos, vo_tables = self.pos, inputs.tables
+        if a == 0:  # exactly RoPE: no V/O rotation at all
+            vo_pos = "rope"
+        elif a != 1:
+            assert self.rotary is not None  # pos == "rove"
+            vo_tables = fraction_tables(self.rotary, x.dtype, inputs.positions, a)
+            v = rotate_values(v, vo_tables, self.rotary)
         q, scale = logit_temperature(q, self.rotary, self.pos)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         out = attend(q, k, v, causal=self.causal, scale=scale, mask=inputs.mask)  # (B, Hq, T, D)
-        merged = unrotate(out, inputs.tables, pos=self.pos, rotary=self.rotary, merge_heads=True)
+        merged = unrotate(out, vo_tables, pos=vo_pos, rotary=self.rotary, merge_heads=True)
         return self.proj(merged)  # merged: (B, T, Hq * D)
 
 

@@ -26,7 +26,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from rove.atomic import check_replaceable, replace_folder
-from rove.hf.conversion import SUPPORTED_MODEL_TYPES, HFPos, convert, current_pos
+from rove.hf.conversion import (
+    SUPPORTED_MODEL_TYPES,
+    HFPos,
+    convert,
+    current_fraction,
+    current_pos,
+    is_rotary_module,
+    set_fraction,
+)
 from rove.hf.model_card import is_rove_card
 from rove.hf.tokenizer import TOKENIZER_FILES
 from rove.rotary import (
@@ -115,9 +123,7 @@ def _rotary_slots(model: nn.Module) -> list[tuple[nn.Module, str, Any]]:
     ``position_ids`` into the ``position_embeddings`` every layer, and RoVE's hooks, read)."""
     slots = []
     for qualified, module in model.named_modules():
-        if isinstance(getattr(module, "inv_freq", None), torch.Tensor) and hasattr(
-            module, "rope_type"
-        ):
+        if is_rotary_module(module):
             parent, _, name = qualified.rpartition(".")
             slots.append((model.get_submodule(parent), name, module))
     return slots
@@ -269,6 +275,16 @@ class HFCausalLM(nn.Module):
             model_type=self.model_type,
             hf_config=_stock_dict(hf_config),
         )
+
+    @property
+    def rove_fraction(self) -> float:
+        """The smooth conversion's a (``GPT.rove_fraction``'s counterpart)."""
+        return current_fraction(self.hf)
+
+    def set_rove_fraction(self, fraction: float) -> None:
+        """V and O at ``fraction`` of RoVE's angles (:func:`rove.hf.set_fraction`), as
+        ``GPT.set_rove_fraction``: what ``rove finetune --conversion smooth`` ramps."""
+        set_fraction(self.hf, fraction)
 
     @classmethod
     def from_folder(

@@ -50,6 +50,7 @@ from rove.train.config import (
 )
 from rove.train.distributed import PARALLEL
 from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train
+from rove.train.source import CONVERSIONS
 
 if TYPE_CHECKING:
     from rove.train.config import ResolvedTrainConfig
@@ -119,6 +120,18 @@ def build_parser(
         "--scaling-factor",
         type=float,
         help="the factor of --scaling (> 1), e.g. 4 to continue a 128-token model at 512",
+    )
+    g.add_argument(
+        "--conversion",
+        choices=CONVERSIONS,
+        help="a finetune of a RoPE model as RoVE only: smooth (default) ramps the V/O rotations "
+        "from none of RoVE's angles (the model as it is) to all of them over --ramp-steps, no "
+        "loss spike; hard converts at step 0",
+    )
+    g.add_argument(
+        "--ramp-steps",
+        type=int,
+        help="--conversion smooth: steps of the linear ramp; default: a tenth of the run",
     )
     g = p.add_argument_group("batch and length")
     g.add_argument("--tokens-per-step", type=int, help=f"global batch in tokens; {RECIPE}")
