@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rove.atomic import check_replaceable, replace_folder
+from rove.atomic import save_folder
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, HFPos, convert, current_pos
 from rove.hf.model_card import is_rove_card
 from rove.hf.tokenizer import TOKENIZER_FILES
@@ -458,21 +458,20 @@ class HFCausalLM(nn.Module):
         reloads as what it is: RoVE with rove's marks (:mod:`rove.hf.pretrained`), RoPE stock.
 
         Written in a temp folder beside ``folder`` and swapped in whole, so ``folder`` holds the
-        old model or the new one, never half; it must be new, empty, or hold only the files a
+        old model or the new one, never half (:func:`rove.atomic.save_folder`, which also
+        removes what killed saves left); it must be new, empty, or hold only the files a
         Hugging Face save writes.
         """
-        out = Path(folder)
-        check_replaceable(out, _saved_files(out), "Hugging Face model")
 
         def write(tmp: Path) -> None:
-            self.hf.save_pretrained(tmp)
+            type(self.hf).save_pretrained(self.hf, tmp)  # transformers' own, into the temp folder
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
 
-        return replace_folder(out, write, _saved_files(out), prefix=f".{out.name}.tmp-")
+        return save_folder(folder, write, saved_files, "Hugging Face model")
 
 
-def _saved_files(folder: Path) -> set[str]:
+def saved_files(folder: Path) -> set[str]:
     """Names of the files in ``folder`` that a Hugging Face save writes, rove's model card
     included (a user's README.md is not one)."""
     if not folder.is_dir():

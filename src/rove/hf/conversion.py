@@ -22,6 +22,7 @@ renormalised to ``cos^2 + sin^2 = 1`` before use on values and outputs.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -231,8 +232,8 @@ def convert(model: nn.Module, pos: HFPos = "rove") -> nn.Module:
     No parameter is added or changed: the same weights compute RoPE or RoVE attention, so a
     pretrained RoPE model can continue pre-training as RoVE. Supported ``config.model_type``:
     ``SUPPORTED_MODEL_TYPES`` (partial rotary included). Converting twice to the same pos is a
-    no-op. The pos is recorded in ``model.config``, so ``save_pretrained`` writes a folder that
-    loads as RoVE again (:mod:`rove.hf.pretrained`). The value and output projections called
+    no-op. The pos is recorded in ``model.config``, so ``save_pretrained`` (made atomic,
+    :func:`rove.hf.pretrained.save_model`) writes a folder that loads as RoVE again. The value and output projections called
     alone, outside the attention forward, are their plain linear maps.
 
     Returns ``model`` (for chaining).
@@ -260,7 +261,9 @@ def convert(model: nn.Module, pos: HFPos = "rove") -> nn.Module:
             delattr(module, _STATE_ATTR)
         elif pos == "rove" and state is None:
             setattr(module, _STATE_ATTR, _AttentionState(module, layout, shared))
-    from rove.hf.pretrained import mark_config
+    from rove.hf.pretrained import mark_config, save_model
 
     mark_config(config, pos)
+    # the instance's save_pretrained: atomic (see save_model); a plain attribute, not a submodule
+    object.__setattr__(model, "save_pretrained", functools.partial(save_model, model))
     return model

@@ -21,6 +21,11 @@ saying how to load it (:mod:`rove.hf.model_card`; a README.md of the user's is l
   code; :func:`register_auto_classes` lets the stock Auto classes do the same in this process.
 
 The model loaded is the base architecture's own class (``LlamaForCausalLM``), converted.
+
+A converted model's ``save_pretrained`` is :func:`save_model`: transformers' save into a temp
+folder, swapped in whole (:func:`rove.atomic.save_folder`). transformers writes ``config.json``
+and the weights one after the other, so a save killed over an earlier one tore ``config.json``
+or lost that save.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ __all__ = [
     "from_pretrained",
     "mark_config",
     "register_auto_classes",
+    "save_model",
 ]
 
 MODEL_TYPE = "rove"  # config.json's model_type of a saved converted model
@@ -94,6 +100,24 @@ def __getattr__(name: str) -> type:
     if not isinstance(base, type) or not hasattr(base, "model_type"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return _rove_config_class(base)
+
+
+def save_model(model: Any, folder: str | Path, **kwargs: Any) -> Path:
+    """``save_pretrained`` of a Hugging Face ``model`` (``kwargs`` passed on), atomic: ``folder``
+    holds the earlier save or this one, never half. Other files in it (a README.md of the
+    user's) are kept, as transformers' save keeps them; other folders are refused.
+    :func:`rove.hf.convert` makes it the converted model's ``save_pretrained``."""
+    from rove.atomic import save_folder
+    from rove.hf.causal_lm import saved_files
+
+    stock = type(model).save_pretrained  # transformers' own (the instance's is this function)
+    return save_folder(
+        folder,
+        lambda tmp: stock(model, tmp, **kwargs),
+        saved_files,
+        "Hugging Face model",
+        keep_other_files=True,
+    )
 
 
 def mark_config(config: Any, pos: HFPos) -> None:
