@@ -49,6 +49,7 @@ from rove.train.config import (
 )
 from rove.train.distributed import PARALLEL
 from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train
+from rove.train.setup import replay_recipe
 
 if TYPE_CHECKING:
     from rove.train.config import ResolvedTrainConfig
@@ -258,7 +259,7 @@ def parse_args(
 def run(prog: str, args: argparse.Namespace, config: TrainConfig) -> int:
     """Train (or with ``--dry-run`` print) ``config`` for command ``prog``; the exit status."""
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    cfg = config.resolve()
+    cfg = (replay_recipe(config) if args.resume else config).resolve()
     grad_accum = cfg.grad_accum_steps(int(os.environ.get("WORLD_SIZE", "1")))
     if args.dry_run:
         if main_rank:
