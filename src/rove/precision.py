@@ -103,8 +103,11 @@ def resolve_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
         parsed = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device {device!r} is not a device name; use auto, cpu or cuda") from None
+    except (RuntimeError, TypeError) as err:
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"device {device!r} cannot be used here ({why}); use auto, cpu or cuda"
+        ) from None
     if parsed.type == "cpu" and parsed.index not in (None, 0):
         raise ValueError(f"device {device!r}: torch sees the CPU as one device; use cpu")
     return device
