@@ -169,3 +169,51 @@ def test_adapter_round_trip_in_a_fresh_process(tmp_path):
     torch.save(logits(wrapped, x), tmp_path / "want.pt")
     save_adapter(wrapped, tmp_path / "adapter")
     assert run_python(FRESH_PROCESS, tmp_path).split() == ["ok"]
+
+
+class Killed(BaseException):
+    """Stands for a kill: raised where the process would die, never caught by the code."""
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_save_killed_between_the_two_writes_never_loads_as_rope(tmp_path, monkeypatch, earlier):
+    """PEFT's save, then rove's mark: a kill between them left a complete-looking stock adapter
+    of a RoVE base, which loaded as RoPE. Now the folder holds the earlier adapter or none, and
+    the next save removes what the killed one left."""
+    import rove.atomic
+    import rove.hf.adapter
+
+    x = ids()
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    base = rove.hf.from_pretrained(tmp_path / "base", pos="rove", dtype=torch.float64)
+    wrapped, folder = lora(base, init=False), tmp_path / "adapter"
+    want = logits(wrapped, x)
+    if earlier:
+        save_adapter(wrapped, folder)
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(rove.hf.adapter, "write_json_atomic", killed)  # after PEFT's save
+        patch.setattr(rove.atomic.shutil, "rmtree", lambda *a, **k: None)  # a kill cleans nothing
+        with pytest.raises(Killed):
+            save_adapter(wrapped, folder)
+    assert list(tmp_path.glob(".adapter.tmp-*"))  # the killed save's temp folder
+    if earlier:
+        loaded = load_adapter(folder, dtype=torch.float64)
+        assert rove.hf.current_pos(loaded) == "rove"
+        assert torch.equal(logits(loaded, x), want)
+    else:
+        assert not folder.exists()
+    save_adapter(wrapped, folder)
+    assert not list(tmp_path.glob(".adapter.*"))  # leftovers and the lock removed
+    assert torch.equal(logits(load_adapter(folder, dtype=torch.float64), x), want)
+
+
+def test_a_folder_without_adapter_weights_is_named(tmp_path):
+    save_adapter(lora(rove.hf.convert(tiny_model("llama"))), tmp_path / "a")
+    for weights in tmp_path.glob("a/adapter_model.*"):
+        weights.unlink()
+    with pytest.raises(ValueError, match=r"a: no adapter weights \(adapter_model\.safetensors"):
+        load_adapter(tmp_path / "a", base=tiny_model("llama"))

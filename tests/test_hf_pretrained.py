@@ -234,3 +234,39 @@ def test_loading_a_saved_converted_model_without_rove_says_how_to_install_it(tmp
     modules = {"HF_MODULES_CACHE": str(tmp_path / "modules")}
     out = run_python(code, tmp_path / "m", env=modules).strip().splitlines()[-1]
     assert install_hint("hf") in out and "pip install rove" not in out, out
+
+
+def test_a_converted_models_save_is_atomic_and_cleans_up_after_a_killed_one(tmp_path, monkeypatch):
+    """transformers writes config.json, then the weights: killed in between over an earlier
+    save, it left a torn folder. Now the folder keeps the earlier save whole, and the next save
+    removes the killed one's temp folder."""
+    import transformers.modeling_utils
+
+    import rove.atomic
+
+    x = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    model = rove.hf.convert(tiny_model("llama", dtype=torch.float32))
+    model.save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "notes.txt").write_text("mine")  # a user's file is kept, as before
+    with torch.no_grad():
+        want = model(input_ids=x).logits
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    other = rove.hf.convert(tiny_model("qwen2", dtype=torch.float32))
+    with monkeypatch.context() as patch:
+        patch.setattr(transformers.modeling_utils, "safe_save_file", killed)  # the weights
+        patch.setattr(rove.atomic.shutil, "rmtree", lambda *a, **k: None)  # a kill cleans nothing
+        with pytest.raises(Killed):
+            other.save_pretrained(tmp_path / "m")
+    assert list(tmp_path.glob(".m.tmp-*"))
+    again = rove.hf.from_pretrained(tmp_path / "m")
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=x).logits, want)
+    model.save_pretrained(tmp_path / "m")
+    assert not list(tmp_path.glob(".m.*"))  # the killed save's folder and the lock are gone
+    assert (tmp_path / "m" / "notes.txt").read_text() == "mine"

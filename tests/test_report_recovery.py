@@ -239,3 +239,14 @@ def test_one_seed_that_never_recovers_reads_plainly() -> None:
         == "- rove never stays at or below rope at equal steps in seed 2 (above rope at the end)."
     )
     assert "at the end: +0.5000; n < 2: no interval; n < 3: no test;" in render_report(res)
+
+
+@pytest.mark.parametrize(("end", "counts", "word"), [(2.5, "3/0", "better"), (2.7, "0/3", "worse")])
+def test_every_seed_on_one_side_is_counted_on_that_side(end, counts, word) -> None:
+    """The fixture has one better, one tied and one worse seed: swapping wins and losses changed
+    none of its counts. Every seed on one side tells the two apart."""
+    one_side = {s: (4.0, 3.0, 2.8, 2.6 + s / 1000, end + s / 1000) for s in (0, 1, 2)}
+    res = finetune_results(one_side)
+    section = render_report(res).split("## Recovery")[1].split("\n## ")[0]
+    assert f"rove better/worse in {counts} of 3 seeds" in section
+    assert f"; {word} in seeds 0, 1, 2; t(2) = " in findings(res)[1]

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from rove.precision import resolve_device, resolve_dtype
 from rove.train.cli import build_parser, config_from_args, main
 from rove.train.config import RECIPES, TrainConfig, build_model_config, pad_vocab
 
@@ -20,7 +21,9 @@ def test_paper_recipe(preset, lr, micro_batch):
     cfg = TrainConfig(preset=preset).resolve()
     assert (cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio, cfg.schedule) == (lr, 700, 0.1, "cosine")
     assert (cfg.beta1, cfg.beta2, cfg.weight_decay, cfg.grad_clip) == (0.9, 0.95, 0.1, 1.0)
-    assert (cfg.tokens_per_step, cfg.seq_len, cfg.dtype) == (524_288, 1024, "auto")  # bf16 on GPUs
+    assert (cfg.tokens_per_step, cfg.seq_len) == (524_288, 1024)
+    assert TrainConfig(preset=preset).dtype == "auto"  # bf16 on GPUs: resolved once, recorded
+    assert cfg.dtype == resolve_dtype("auto", resolve_device("auto"))
     assert (cfg.data, cfg.tokenizer) == ("fineweb-edu", "gpt2")
     assert cfg.max_steps == 19_073  # 10B tokens / 524,288, one epoch
     assert cfg.micro_batch == micro_batch

@@ -11,7 +11,9 @@ how the next process that owns the folder clears them.
 
 Whole folders (prepared datasets, exports) are written into a temp folder beside the target and
 swapped in by :func:`swap_in`; :func:`check_replaceable` first refuses a target holding files
-rove did not write.
+rove did not write. :func:`save_folder` is the whole of it for a folder saved in one call (a
+Hugging Face model, a PEFT adapter): under a lock beside the folder, it also removes the temp
+folders of killed earlier saves.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from rove.lock import lock_folder
+
 __all__ = [
     "atomic_open",
     "check_replaceable",
@@ -36,6 +40,7 @@ __all__ = [
     "fsync_dir",
     "remove_temp_files",
     "replace_folder",
+    "save_folder",
     "swap_in",
     "write_json_atomic",
     "write_text_atomic",
@@ -169,11 +174,81 @@ def replace_folder(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if old is not None:
-        for name in owned:
-            (old / name).unlink(missing_ok=True)
+        for name in owned:  # an owned folder (a named PEFT adapter) goes whole
+            path = old / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # not empty: something else is there, keep it
             old.rmdir()
     return folder
+
+
+def save_folder(
+    folder: str | Path,
+    write: Callable[[Path], None],
+    owned: Callable[[Path], set[str]],
+    what: str,
+    *,
+    keep_other_files: bool = False,
+) -> Path:
+    """Write ``folder`` whole with :func:`replace_folder` (``write(tmp)`` fills the temp folder),
+    holding a lock beside it (``.<name>.lock``): the old contents or the new, never half.
+
+    The lock file is removed after the save. ``owned(folder)`` names the entries of a ``what`` in it (e.g. "Hugging Face model"). Other
+    entries are refused (:func:`check_replaceable`), or with ``keep_other_files`` other files
+    are kept: hard-linked into the temp folder before ``write`` (which sees them, as a save in
+    place would), so they are in the folder whatever moment a kill comes. The temp folders that
+    killed earlier saves left beside it (``.<name>.tmp-*``) are removed: under the lock, none is
+    being written.
+    """
+    folder = Path(folder)
+    _check_save_target(folder, owned, what, keep_other_files)  # before the lock creates anything
+    prefix, lock = f".{folder.name}.tmp-", f".{folder.name}.lock"
+    with lock_folder(folder.parent, f"{what} {folder}", name=lock), _removed(folder.parent / lock):
+        others = _check_save_target(folder, owned, what, keep_other_files)
+        for stale in folder.parent.glob(f"{prefix}*"):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+
+        def write_keeping(tmp: Path) -> None:
+            for name in others:
+                try:
+                    os.link(folder / name, tmp / name)
+                except OSError:  # no hard links here: a copy
+                    shutil.copy2(folder / name, tmp / name)
+            write(tmp)
+
+        return replace_folder(folder, write_keeping, owned(folder) | others, prefix=prefix)
+
+
+@contextlib.contextmanager
+def _removed(path: Path) -> Iterator[None]:
+    """Delete ``path`` after the block: a save's lock file, so that nothing is left beside the
+    folder (a process that opened it meanwhile locks a file no one else will, a window of one
+    release; two saves of one folder at once are refused, not serialised, either way)."""
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _check_save_target(
+    folder: Path, owned: Callable[[Path], set[str]], what: str, keep_other_files: bool
+) -> set[str]:
+    """The files :func:`save_folder` keeps in ``folder`` (``ValueError`` for what it cannot)."""
+    mine = owned(folder)
+    if not keep_other_files or not folder.is_dir() or folder.is_symlink():
+        check_replaceable(folder, mine, what)
+        return set()
+    others = {
+        p.name
+        for p in folder.iterdir()
+        if p.name not in mine and p.is_file() and not p.is_symlink()
+    }
+    check_replaceable(folder, mine | others, what)  # other folders and links are refused
+    return others
 
 
 def remove_temp_files(folder: str | Path) -> list[Path]:

@@ -63,8 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         rest = rest[1:]
     # progress messages (e.g. a line per validation when not on a terminal) go to stderr
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        module = importlib.import_module(COMMANDS[command][0])
+    from rove.terminal import SIGNAL_KEPT, Interrupted, raise_on_signals
+
+    try:  # importing torch takes seconds: a signal meanwhile also gets its line
+        with raise_on_signals(SIGNAL_KEPT):
+            module = importlib.import_module(COMMANDS[command][0])
+    except Interrupted as err:
+        print(f"rove {command}: {err}", file=sys.stderr)
+        return err.exit_code
     except ImportError as err:  # an extra the command needs is not installed
         from rove.terminal import error_line
 

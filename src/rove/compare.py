@@ -45,6 +45,7 @@ from rove.configs import check_types, dataclass_from_dict, read_json_config
 from rove.eval.suite import EvalConfig, eval_output_lock, evaluate_checkpoint
 from rove.lock import lock_folder
 from rove.model import MODEL_POS_CHOICES
+from rove.precision import PRECISIONS, legacy_precision
 from rove.report import findings, write_report
 from rove.terminal import (
     DefaultsFormatter,
@@ -147,8 +148,10 @@ def _stale_fields(run_dir: Path, tcfg: TrainConfig) -> list[str]:
     stored_file = run_files.recipe_file(run_dir)
     if not stored_file.is_file():
         return []
-    stored = json.loads(stored_file.read_text(encoding="utf-8"))["train"]
     wanted = json.loads(json.dumps(tcfg.resolve().to_dict()))  # JSON types, as stored
+    stored = legacy_precision(
+        json.loads(stored_file.read_text(encoding="utf-8"))["train"], wanted["dtype"]
+    )
     if run_fingerprint(stored) == run_fingerprint(wanted):
         return []
     return [
@@ -262,8 +265,30 @@ def run_compare(cfg: CompareConfig, *, progress: bool = True, force: bool = Fals
         return _run_compare(cfg, out, progress=progress, force=force)
 
 
+def _pin_precision(cfg: CompareConfig) -> CompareConfig:
+    """``cfg`` with one precision for every run: the one its runs recorded, else what
+    ``dtype`` (``"auto"`` by default) resolves to now, decided once for all arms and seeds.
+
+    Why: a comparison resumed another day, or on a loaded machine, must not train its next arm
+    in another precision than the runs it compares it with."""
+    if cfg.train.get("dtype", "auto") != "auto":
+        return cfg
+    for pos in cfg.pos:
+        for seed in cfg.seeds:
+            recipe = run_files.recipe_file(
+                Path(cfg.train_config(pos, seed).out_dir) / cfg.run_name(pos, seed)
+            )
+            if recipe.is_file():
+                recorded = json.loads(recipe.read_text(encoding="utf-8"))["train"].get("dtype")
+                if recorded in PRECISIONS:
+                    return dataclasses.replace(cfg, train={**cfg.train, "dtype": recorded})
+    precision = cfg.train_config(cfg.pos[0], cfg.seeds[0]).resolve().dtype
+    return dataclasses.replace(cfg, train={**cfg.train, "dtype": precision})
+
+
 def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) -> Path:
     remove_temp_files(out)  # of a comparison killed while writing (this one holds the lock)
+    cfg = _pin_precision(cfg)
     _check_stale(cfg, force)
     write_json_atomic(out / run_files.COMPARE_CONFIG, dataclasses.asdict(cfg))
     jobs = [(pos, seed) for seed in cfg.seeds for pos in cfg.pos]

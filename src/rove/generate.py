@@ -210,6 +210,8 @@ def generate_samples(
         raise ValueError(f"scaling_factor must be > 1, got {scaling_factor}")
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if seed is not None and not -(2**63) <= seed < 2**64:  # torch's range: it overflows past it
+        raise ValueError(f"seed must be in [-2**63, 2**64) (a 64-bit seed), got {seed}")
     dev = usable_device(device)
     folder = Path(path)
     if hf_export_type(folder) is not None:

@@ -7,39 +7,54 @@ slower than in fp32. ``"auto"`` therefore picks bf16 only where it is native:
 
 * CUDA: bf16 when ``torch.cuda.is_bf16_supported()`` (Ampere and later), else fp32.
 * CPU: bf16 only when the CPU advertises native bf16 (``avx512_bf16``/``amx_bf16`` on x86,
-  ``bf16`` on Arm), torch's kernels are allowed to use it (``ATEN_CPU_CAPABILITY`` /
-  :func:`torch.backends.cpu.get_cpu_capability`), and a short timed probe (a few 256x256 matmuls,
-  ~10 ms, cached per process) confirms bf16 is not slower than fp32. The probe catches what
-  flags cannot: oneDNN limited by ``ONEDNN_MAX_CPU_ISA``, virtual machines hiding features.
+  ``bf16`` on Arm or any Apple CPU), torch's kernels are allowed to use it (``ATEN_CPU_CAPABILITY``
+  / :func:`torch.backends.cpu.get_cpu_capability`) and oneDNN is not held below bf16
+  (``ONEDNN_MAX_CPU_ISA``).
 * anything else (MPS, ...): fp32.
 
 ``"bf16"`` and ``"fp32"`` are honoured as given (bf16 falls back to fp32 on a GPU without it).
+
+Only what the machine *is* decides, never a timing: an earlier version also timed a bf16 matmul,
+and on a loaded machine the same CPU came out emulated in some processes and native in others,
+so a resumed run silently changed precision. A run resolves ``"auto"`` once
+(:meth:`rove.train.TrainConfig.resolve`), records the outcome, and every later process of the
+run (resume, replay, each arm of a comparison) uses the recorded one.
 """
 
 from __future__ import annotations
 
 import functools
-import math
+import os
 import platform
-import time
 from pathlib import Path
 
 import torch
 
 __all__ = [
     "DTYPES",
+    "PRECISIONS",
     "autocast_dtype",
     "cpu_has_native_bf16",
     "describe_precision",
+    "legacy_precision",
     "resolve_device",
     "resolve_dtype",
 ]
 
 DTYPES = ("auto", "bf16", "fp32")
-# bf16 must be at most this much slower than fp32 in the probe to count as native (native bf16
-# is usually faster; emulated bf16 is 10-70x slower, so the threshold is far from both).
-PROBE_MAX_RATIO = 1.5
+PRECISIONS = ("bf16", "fp32")  # what "auto" resolves to: the precision a run records
 _X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# oneDNN ISA limits (ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) below AVX512_CORE_BF16: bf16 matmuls
+# are emulated under them even where the CPU has the instructions (~30x slower measured)
+_ONEDNN_NO_BF16 = (
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+)
 
 
 def _cpu_flags() -> set[str]:
@@ -55,54 +70,46 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def _probe_bf16_ratio(size: int = 256, repeats: int = 7) -> float:
-    """Fastest bf16 matmul time over the fastest fp32 one (same shapes, interleaved rounds).
-
-    One thread and minima, so that other processes competing for the cores (which only ever add
-    time) do not decide the answer.
-    """
-    a, b = torch.randn(size, size), torch.randn(size, size)  # (size, size) each
-    pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
-    best = dict.fromkeys(pairs, math.inf)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for round_ in range(repeats + 1):  # the first round warms up and is not counted
-            for dt, (x, y) in pairs.items():
-                t0 = time.perf_counter()
-                x @ y
-                elapsed = time.perf_counter() - t0
-                if dt is torch.bfloat16 and elapsed > 0.05:  # clearly emulated: stop early
-                    return math.inf
-                if round_ > 0:
-                    best[dt] = min(best[dt], elapsed)
-    finally:
-        torch.set_num_threads(threads)
-    return best[torch.bfloat16] / max(best[torch.float32], 1e-9)
+def _onednn_limited() -> bool:
+    """True if oneDNN is told to stay below its bf16 instruction sets (environment variable)."""
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    return limit.strip().upper() in _ONEDNN_NO_BF16
 
 
 @functools.cache
 def cpu_has_native_bf16() -> bool:
-    """True if this process's CPU matmuls run bf16 natively (flags, capability, then a probe)."""
+    """True if this CPU runs bf16 matmuls natively: its flags, torch's kernel level and oneDNN's
+    limit, all fixed properties of the machine and process (no timing: load cannot change it)."""
     flags = _cpu_flags()
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64", "i686", "x86"):
         # torch's x86 kernels use bf16 instructions only at its AVX512 dispatch level
         capability = torch.backends.cpu.get_cpu_capability()
-        if not flags & set(_X86_BF16_FLAGS) or not capability.startswith(("AVX512", "AMX")):
-            return False
-    elif machine in ("aarch64", "arm64"):
-        if "bf16" not in flags and platform.system() != "Darwin":
-            return False
-    else:
-        return False
-    return _probe_bf16_ratio() <= PROBE_MAX_RATIO
+        return (
+            bool(flags & set(_X86_BF16_FLAGS))
+            and capability.startswith(("AVX512", "AMX"))
+            and not _onednn_limited()
+        )
+    if machine in ("aarch64", "arm64"):
+        return "bf16" in flags or platform.system() == "Darwin"
+    return False
 
 
 def resolve_device(device: str) -> str:
-    """``"auto"`` is the GPU when torch sees one, else the CPU; any other name is kept."""
+    """``"auto"`` is the GPU when torch sees one, else the CPU; any other name is kept once it
+    parses as a device (``ValueError`` naming it otherwise: ``cpu:99`` would first fail deep in
+    a checkpoint load, blamed on the file)."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"device {device!r} cannot be used here ({why}); use auto, cpu or cuda"
+        ) from None
+    if parsed.type == "cpu" and parsed.index not in (None, 0):
+        raise ValueError(f"device {device!r}: torch sees the CPU as one device; use cpu")
     return device
 
 
@@ -114,15 +121,18 @@ def resolve_dtype(dtype: str, device: torch.device | str) -> str:
     device = torch.device(device)
     if dtype == "fp32":
         return "fp32"
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    if device.type == "cuda":  # where torch sees no GPU (a dry run of a GPU recipe), assume
+        # bf16: the run resolves again on its GPU, and a resume there refuses a change
+        native = not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
+        return "bf16" if native else "fp32"
     if dtype == "bf16":
         return "bf16" if device.type == "cpu" else "fp32"
     return "bf16" if device.type == "cpu" and cpu_has_native_bf16() else "fp32"
 
 
 def describe_precision(dtype: str, device: torch.device | str) -> str:
-    """One line saying what ``dtype`` resolves to on ``device`` and why (printed once a run)."""
+    """One line saying what ``dtype`` (a request, or a run's recorded precision) runs as on
+    ``device`` and why (printed once a run)."""
     chosen = resolve_dtype(dtype, device)
     device = torch.device(device)
     what = "bf16 autocast (fp32 weights)" if chosen == "bf16" else "fp32"
@@ -132,9 +142,18 @@ def describe_precision(dtype: str, device: torch.device | str) -> str:
         why = f"auto: {native} bf16 on this {where}"
     elif dtype != chosen:
         why = f"{dtype} requested, not supported on {device.type}"
+    elif chosen == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
+        why = "the run's, kept; this CPU has no native bf16, so it is emulated and slow"
     else:
-        why = "as requested"
+        why = "decided once for the run, recorded and kept"
     return f"precision: {what} ({why})"
+
+
+def legacy_precision(stored: dict, precision: str) -> dict:
+    """A stored TrainConfig (a dict) from before runs recorded their precision (its ``dtype``
+    still ``"auto"``), read as having run in ``precision``: the precision now, which is all that
+    can be said of it; a recorded precision is kept."""
+    return {**stored, "dtype": precision} if stored.get("dtype") == "auto" else stored
 
 
 def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:

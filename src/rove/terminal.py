@@ -35,6 +35,7 @@ from rove._extras import EXTRAS, install_hint
 from rove.lock import FolderLockedError
 
 __all__ = [
+    "SIGNAL_KEPT",
     "USER_ERRORS",
     "DefaultsFormatter",
     "DeprecatedFlag",
@@ -50,6 +51,9 @@ __all__ = [
     "signature_defaults",
 ]
 
+# What a command stopped by a signal outside its own handling has kept: every file rove writes
+# is written whole (rove.atomic), so the files it finished, and nothing half-written.
+SIGNAL_KEPT = "the files it finished writing are kept, nothing half-written"
 Config = TypeVar("Config")
 Value = TypeVar("Value")
 
@@ -118,8 +122,9 @@ def command(prog: str) -> Callable[[Main], Main]:
         def run(argv: list[str] | None = None) -> int:
             args = list(sys.argv[1:] if argv is None else argv)
             debug = "--debug" in args or os.environ.get("ROVE_DEBUG") == "1"
-            try:
-                return main([a for a in args if a != "--debug"])
+            try:  # a signal before the command's own handling (start-up) also gets its line
+                with raise_on_signals(SIGNAL_KEPT):
+                    return main([a for a in args if a != "--debug"])
             except Interrupted as err:
                 print(f"{prog}: {err}", file=sys.stderr)
                 return err.exit_code

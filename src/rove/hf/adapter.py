@@ -6,6 +6,8 @@ converted model needs its base converted again: on the stock RoPE base its updat
 another function, silently. :func:`save_adapter` writes PEFT's own folder and records the base's
 pos and model type in ``adapter_config.json`` under ``"rove"`` (PEFT ignores the key, with a
 warning naming it); :func:`load_adapter` loads the base as recorded and puts the adapter on it.
+Both steps happen in a temp folder swapped in whole: a save killed between them would otherwise
+leave a complete-looking stock adapter of a RoVE base, which loads as RoPE.
 
 LoRA on the value and output projections stays RoVE: :func:`rove.hf.convert`'s hooks follow a
 wrapper put around ``v_proj`` / ``o_proj`` (converted before or after wrapping), so the LoRA
@@ -19,29 +21,47 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rove.atomic import write_json_atomic
+from rove.atomic import save_folder, write_json_atomic
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, convert, current_pos
 
 __all__ = ["ADAPTER_CONFIG", "load_adapter", "save_adapter"]
 
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's name
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # PEFT's, new and old
 STATE_KEY = "rove"
 
 
 def save_adapter(model: Any, folder: str | Path) -> Path:
-    """``model.save_pretrained(folder)`` of a PEFT model, with its base's pos recorded."""
+    """``model.save_pretrained(folder)`` of a PEFT model, with its base's pos recorded, in one
+    step: ``folder`` holds the old adapter or the new one (:func:`rove.atomic.save_folder`);
+    other files in it are kept, other folders refused."""
     if not hasattr(model, "peft_config"):
         raise ValueError(
             f"save_adapter saves PEFT adapters; {type(model).__name__} is not a PEFT model "
             "(use save_pretrained for a whole model)"
         )
-    folder = Path(folder)
-    model.save_pretrained(folder)
     state = {"pos": current_pos(model), "model_type": model.config.model_type}
-    for path in (folder / ADAPTER_CONFIG, *folder.glob(f"*/{ADAPTER_CONFIG}")):  # named adapters
-        config = json.loads(path.read_text(encoding="utf-8"))
-        write_json_atomic(path, {**config, STATE_KEY: state})
-    return folder
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        for path in (tmp / ADAPTER_CONFIG, *tmp.glob(f"*/{ADAPTER_CONFIG}")):  # named adapters
+            config = json.loads(path.read_text(encoding="utf-8"))
+            write_json_atomic(path, {**config, STATE_KEY: state})
+
+    return save_folder(folder, write, _adapter_files, "PEFT adapter", keep_other_files=True)
+
+
+def _adapter_files(folder: Path) -> set[str]:
+    """The entries of ``folder`` that a PEFT adapter save writes: its config, weights and card,
+    and named adapters' folders (each holding an adapter config)."""
+    if not folder.is_dir():
+        return set()
+    names = {ADAPTER_CONFIG, *ADAPTER_WEIGHTS, "README.md"}
+    return {
+        p.name
+        for p in folder.iterdir()
+        if (p.is_file() and p.name in names) or (p.is_dir() and (p / ADAPTER_CONFIG).is_file())
+    }
 
 
 def load_adapter(folder: str | Path, base: Any | None = None, **kwargs: Any) -> Any:
@@ -58,6 +78,8 @@ def load_adapter(folder: str | Path, base: Any | None = None, **kwargs: Any) -> 
     path = Path(folder) / ADAPTER_CONFIG
     if not path.is_file():
         raise ValueError(f"{folder} is not a PEFT adapter folder (no {ADAPTER_CONFIG})")
+    if not any((Path(folder) / name).is_file() for name in ADAPTER_WEIGHTS):
+        raise ValueError(f"{folder}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})")
     config = json.loads(path.read_text(encoding="utf-8"))
     state = config.get(STATE_KEY)
     if state is not None and (

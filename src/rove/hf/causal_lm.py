@@ -15,7 +15,6 @@ import contextlib
 import copy
 import inspect
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rove.atomic import check_replaceable, replace_folder
+from rove.atomic import save_folder
 from rove.hf.conversion import (
     SUPPORTED_MODEL_TYPES,
     HFPos,
@@ -33,10 +32,9 @@ from rove.hf.conversion import (
     current_fraction,
     current_pos,
     is_rotary_module,
+    saved_files,
     set_fraction,
 )
-from rove.hf.model_card import is_rove_card
-from rove.hf.tokenizer import TOKENIZER_FILES
 from rove.rotary import (
     SCALING_KINDS,
     DynamicNTKParams,
@@ -50,12 +48,6 @@ __all__ = ["HF_POS_CHOICES", "HFCausalLM", "HFModelConfig", "trained_scaling"]
 
 HF_POS_CHOICES: tuple[str, ...] = ("rope", "rove")
 _MARKS = ("rove", "auto_map")  # what rove.hf.pretrained adds to a saved RoVE config
-# files a Hugging Face save (model and tokenizer) writes: save_pretrained replaces only these
-_HF_FILES = re.compile(
-    r"(config|generation_config)\.json|model(-\d+-of-\d+)?\.safetensors"
-    r"|model\.safetensors\.index\.json|modeling_rove\.py|"
-    + "|".join(map(re.escape, TOKENIZER_FILES))
-)
 
 
 @dataclass(frozen=True)
@@ -481,30 +473,17 @@ class HFCausalLM(nn.Module):
         reloads as what it is: RoVE with rove's marks (:mod:`rove.hf.pretrained`), RoPE stock.
 
         Written in a temp folder beside ``folder`` and swapped in whole, so ``folder`` holds the
-        old model or the new one, never half; it must be new, empty, or hold only the files a
+        old model or the new one, never half (:func:`rove.atomic.save_folder`, which also
+        removes what killed saves left); it must be new, empty, or hold only the files a
         Hugging Face save writes.
         """
-        out = Path(folder)
-        check_replaceable(out, _saved_files(out), "Hugging Face model")
 
         def write(tmp: Path) -> None:
-            self.hf.save_pretrained(tmp)
+            type(self.hf).save_pretrained(self.hf, tmp)  # transformers' own, into the temp folder
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
 
-        return replace_folder(out, write, _saved_files(out), prefix=f".{out.name}.tmp-")
-
-
-def _saved_files(folder: Path) -> set[str]:
-    """Names of the files in ``folder`` that a Hugging Face save writes, rove's model card
-    included (a user's README.md is not one)."""
-    if not folder.is_dir():
-        return set()
-    return {
-        p.name
-        for p in folder.iterdir()
-        if p.is_file() and (_HF_FILES.fullmatch(p.name) or is_rove_card(p))
-    }
+        return save_folder(folder, write, saved_files, "Hugging Face model")
 
 
 def _checked(idx: torch.Tensor) -> torch.Tensor:

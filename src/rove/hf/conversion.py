@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import shutil
 import weakref
 from dataclasses import dataclass
@@ -40,8 +41,10 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from rove.atomic import save_folder
 from rove.functional import check_fraction
-from rove.hf.model_card import write_converted_card
+from rove.hf.model_card import is_rove_card, write_converted_card
+from rove.hf.tokenizer import TOKENIZER_FILES
 from rove.kernels import rotate, unrotate_merge_heads
 from rove.rotary import table_dtype
 
@@ -345,8 +348,8 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
     No parameter is added or changed: the same weights compute RoPE or RoVE attention, so a
     pretrained RoPE model can continue pre-training as RoVE. Supported ``config.model_type``:
     ``SUPPORTED_MODEL_TYPES`` (partial rotary included). Converting twice to the same pos is a
-    no-op. The pos is recorded in ``model.config``, so ``save_pretrained`` writes a folder that
-    loads as RoVE again (:mod:`rove.hf.pretrained`). The value and output projections called
+    no-op. The pos is recorded in ``model.config``, so ``save_pretrained`` (made atomic,
+    :func:`save_model`) writes a folder that loads as RoVE again. The value and output projections called
     alone, outside the attention forward, are their plain linear maps.
 
     ``fraction`` (RoVE only): V and O rotate by that fraction a of their angles, from exactly
@@ -389,6 +392,8 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
             if not hasattr(module, _STATE_ATTR):
                 setattr(module, _STATE_ATTR, _AttentionState(module, layout, shared))
     mark_config(config, pos)
+    # the instance's save_pretrained: atomic (see save_model); a plain attribute, not a submodule
+    object.__setattr__(model, "save_pretrained", functools.partial(save_model, model))
     if pos == "rove":
         set_fraction(model, fraction)
     return model
@@ -401,6 +406,12 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
 MODEL_TYPE = "rove"  # config.json's model_type of a saved converted model
 STATE_KEY = "rove"  # config.json's key holding the RoVE state and the base model_type
 REMOTE_FILE = Path(__file__).with_name("modeling_rove.py")
+# files a Hugging Face save (model and tokenizer) writes: save_pretrained replaces only these
+_HF_FILES = re.compile(
+    r"(config|generation_config)\.json|model(-\d+-of-\d+)?\.safetensors"
+    r"|model\.safetensors\.index\.json|modeling_rove\.py|"
+    + "|".join(map(re.escape, TOKENIZER_FILES))
+)
 AUTO_MAP = {
     "AutoConfig": "modeling_rove.RoveConfig",
     "AutoModelForCausalLM": "modeling_rove.RoveForCausalLM",
@@ -461,6 +472,33 @@ def __getattr__(name: str) -> type:
     if not isinstance(base, type) or not hasattr(base, "model_type"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return _rove_config_class(base)
+
+
+def save_model(model: Any, folder: str | Path, **kwargs: Any) -> Path:
+    """``save_pretrained`` of a Hugging Face ``model`` (``kwargs`` passed on), atomic: ``folder``
+    holds the earlier save or this one, never half. Other files in it (a README.md of the
+    user's) are kept, as transformers' save keeps them; other folders are refused.
+    :func:`rove.hf.convert` makes it the converted model's ``save_pretrained``."""
+    stock = type(model).save_pretrained  # transformers' own (the instance's is this function)
+    return save_folder(
+        folder,
+        lambda tmp: stock(model, tmp, **kwargs),
+        saved_files,
+        "Hugging Face model",
+        keep_other_files=True,
+    )
+
+
+def saved_files(folder: Path) -> set[str]:
+    """Names of the files in ``folder`` that a Hugging Face save writes, rove's model card
+    included (a user's README.md is not one)."""
+    if not folder.is_dir():
+        return set()
+    return {
+        p.name
+        for p in folder.iterdir()
+        if p.is_file() and (_HF_FILES.fullmatch(p.name) or is_rove_card(p))
+    }
 
 
 def mark_config(config: Any, pos: HFPos) -> None:

@@ -23,6 +23,11 @@ the two call each other), and a ``README.md`` model card saying how to load it
   code; :func:`register_auto_classes` lets the stock Auto classes do the same in this process.
 
 The model loaded is the base architecture's own class (``LlamaForCausalLM``), converted.
+
+A converted model's ``save_pretrained`` is :func:`save_model`: transformers' save into a temp
+folder, swapped in whole (:func:`rove.atomic.save_folder`). transformers writes ``config.json``
+and the weights one after the other, so a save killed over an earlier one tore ``config.json``
+or lost that save.
 """
 
 from __future__ import annotations
@@ -31,7 +36,14 @@ from pathlib import Path
 from typing import Any
 
 # RoveConfig and RoveForCausalLM are imported here from older saved folders' modeling_rove.py
-from rove.hf.conversion import MODEL_TYPE, HFPos, RoveConfig, RoveForCausalLM, convert
+from rove.hf.conversion import (
+    MODEL_TYPE,
+    HFPos,
+    RoveConfig,
+    RoveForCausalLM,
+    convert,
+    save_model,
+)
 
 __all__ = [
     "MODEL_TYPE",
@@ -39,6 +51,7 @@ __all__ = [
     "RoveForCausalLM",
     "from_pretrained",
     "register_auto_classes",
+    "save_model",
 ]
 
 

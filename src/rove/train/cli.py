@@ -50,6 +50,7 @@ from rove.train.config import (
 )
 from rove.train.distributed import PARALLEL
 from rove.train.loop import NonFiniteLossError, TrainingInterrupted, train
+from rove.train.setup import replay_recipe
 from rove.train.source import CONVERSIONS
 
 if TYPE_CHECKING:
@@ -276,7 +277,7 @@ def parse_args(
 def run(prog: str, args: argparse.Namespace, config: TrainConfig) -> int:
     """Train (or with ``--dry-run`` print) ``config`` for command ``prog``; the exit status."""
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    cfg = config.resolve()
+    cfg = (replay_recipe(config) if args.resume else config).resolve()
     grad_accum = cfg.grad_accum_steps(int(os.environ.get("WORLD_SIZE", "1")))
     note = warmup_note(config, cfg)
     if note is not None and main_rank:

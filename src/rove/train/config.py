@@ -38,11 +38,17 @@ from rove.data.tokenizers import (
 )
 from rove.functional import ROTARY_POS
 from rove.model import MODEL_POS_CHOICES, PRESETS, GPTConfig, get_preset
-from rove.precision import DTYPES
+from rove.precision import DTYPES, resolve_device, resolve_dtype
 from rove.rotary import SCALING_KINDS
 from rove.train.distributed import PARALLEL
 from rove.train.schedule import LR_SCHEDULES
-from rove.train.source import CONVERSIONS, SourceModel, read_source, source_scaling
+from rove.train.source import (
+    CONVERSIONS,
+    SourceModel,
+    read_source,
+    source_missing,
+    source_scaling,
+)
 
 __all__ = [
     "DECAY_SHAPES",
@@ -426,15 +432,23 @@ class TrainConfig:
         ``tokenizer`` defaults to the one a prepared ``data_dir`` was made with (its manifest),
         else the recipe's; ``seq_len`` to the preset's block size; ``compile`` to
         :func:`compiles_by_default` of the device. ``max_steps`` defaults to
-        ``token_budget // tokens_per_step``; when both are given they must agree.
+        ``token_budget // tokens_per_step``; when both are given they must agree. ``dtype``
+        ``"auto"`` becomes the precision this machine gives it (:mod:`rove.precision`): decided
+        here once, recorded with the run, and replayed by every later process of it.
+
+        A resolved finetune whose source is gone resolves without it: a resumed finetune
+        continues from its own checkpoint (:func:`rove.train.setup.replay_recipe`).
         """
         recipe = RECIPES[self.preset]
         values = dataclasses.asdict(self)
-        if self.init_from is not None:
+        if self.init_from is not None and not (
+            self.is_resolved() and source_missing(self.init_from)
+        ):
             source = read_source(self.init_from)
             recipe = _finetune_defaults(values, source)
             if self.scaling is not None:  # refused now if it does not combine with the source's
                 source_scaling(source, self.scaling, self.scaling_factor)  # type: ignore[arg-type]
+        values["dtype"] = resolve_dtype(values["dtype"], resolve_device(self.device))
         if values["tokenizer"] is None and values["data_dir"] is not None:
             values["tokenizer"] = data_tokenizer(Path(values["data_dir"]))
         for name in _RECIPE_FIELDS:

@@ -74,13 +74,16 @@ from rove.train.setup import (
     compile_and_wrap,
     configure_optimizer,
     prepare_run_data,
+    remove_empty_run,
     remove_leftovers,
+    replay_recipe,
     resume_state,
     run_lock,
     start_point,
     write_recipe,
 )
 from rove.train.signals import StopOnSignal, TrainingInterrupted
+from rove.train.source import source_missing
 
 with needs_extra("toolkit", __name__):
     from tqdm.auto import tqdm
@@ -237,16 +240,25 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
 
     Raises ``FolderLockedError`` if another process trains into the same run folder, and
     ``TrainingInterrupted`` after saving a checkpoint when SIGTERM or SIGINT arrives.
+    A resumed run takes what ``cfg`` leaves unset, its precision included, from its own
+    recipe (:func:`~rove.train.setup.replay_recipe`).
     """
-    cfg = cfg.resolve()
-    check_data_tokenizer(cfg)  # before the run folder is made or locked
     stop = StopOnSignal()
-    stop.install()
+    stop.install()  # first: a signal during start-up says what was kept
     try:
+        cfg = (replay_recipe(cfg) if resume else cfg).resolve()
+        if not (resume and source_missing(cfg.init_from)):  # (a resumed finetune's source may
+            check_data_tokenizer(cfg)  # be gone: its checkpoint's tokenizer is checked instead)
         info = init_distributed(cfg.device)
+        run_dir = Path(cfg.out_dir) / cfg.run_name
+        new = not run_dir.exists()
         try:
-            with run_lock(Path(cfg.out_dir) / cfg.run_name, info):
+            with run_lock(run_dir, info):
                 return _train(cfg, info, stop, progress=progress, resume=resume)
+        except BaseException:
+            if new and info.is_main:  # refused or stopped before writing: leave no folder
+                remove_empty_run(run_dir)
+            raise
         finally:
             shutdown_distributed(info)
     finally:
@@ -544,6 +556,7 @@ def _write_run_summary(run: Run, state: Progress) -> None:
             if info.device.type == "cuda"
             else platform.processor() or platform.machine(),
             "autocast": str(run.amp).removeprefix("torch.") if run.amp is not None else "fp32",
+            "precision": run.cfg.dtype,  # resolved once ("bf16" | "fp32"): what every session ran
             "compile": run.cfg.compile,
             "torch_version": torch.__version__,
             "rove_version": __version__,

@@ -9,6 +9,7 @@ collectives in it, which bit-exact resume relies on.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import random
 from collections.abc import Iterator
@@ -40,9 +41,9 @@ from rove.data import (
 )
 from rove.data.prepare import MANIFEST_NAME
 from rove.hf.any_model import model_from_config
-from rove.lock import FolderLock, FolderLockedError, acquire
+from rove.lock import LOCK_FILE, FolderLock, FolderLockedError, acquire
 from rove.model import GPT, GPTConfig
-from rove.precision import autocast_dtype, describe_precision
+from rove.precision import autocast_dtype, describe_precision, legacy_precision
 from rove.train.config import (
     RESUMABLE_CHANGES,
     TrainConfig,
@@ -58,7 +59,7 @@ from rove.train.distributed import (
     wrap_ddp,
 )
 from rove.train.metrics import peak_bf16_flops
-from rove.train.source import build_source_model, read_source
+from rove.train.source import build_source_model, read_source, source_missing, source_name
 
 if TYPE_CHECKING:
     from rove.hf.causal_lm import HFCausalLM, HFModelConfig
@@ -72,7 +73,9 @@ __all__ = [
     "compile_and_wrap",
     "configure_optimizer",
     "prepare_run_data",
+    "remove_empty_run",
     "remove_leftovers",
+    "replay_recipe",
     "resume_state",
     "run_lock",
     "start_point",
@@ -162,6 +165,36 @@ def run_lock(run_dir: Path, info: DistInfo) -> Iterator[FolderLock | None]:
             lock.release()
 
 
+def _recorded_recipe(run_dir: Path) -> dict | None:
+    """``run_dir``'s recipe (None where the run has none yet)."""
+    path = run_files.recipe_file(run_dir)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def replay_recipe(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` to resume: the fields it leaves unset (``None``, ``dtype`` ``"auto"``) take the
+    values its run folder's recipe recorded.
+
+    Why: whatever a run decided stays decided. ``"auto"`` precision resolved on another day, or
+    under another load, or a recipe default changed since, must not change a resumed run; and a
+    finetune resumes from its own checkpoint, its source (which fills a finetune's defaults)
+    may be gone. The fields given are kept, and a change is refused as at any resume.
+    """
+    name = cfg.run_name
+    if name is None:  # resolve()'s default name, without reading a finetune's source
+        first = source_name(cfg.init_from) if cfg.init_from else cfg.preset
+        name = f"{first}-{cfg.pos}-seed{cfg.seed}"
+    recipe = _recorded_recipe(Path(cfg.out_dir) / name)
+    if recipe is None:
+        return cfg
+    values = cfg.to_dict()
+    unset = {"dtype": "auto", "preset": values["preset"] if cfg.init_from else None}
+    for key, recorded in recipe["train"].items():  # (a finetune's preset is its source's)
+        if key in values and values[key] in (None, unset.get(key)):
+            values[key] = recorded
+    return TrainConfig.from_dict(values)
+
+
 def _resume_point(run_dir: Path, cfg: TrainConfig) -> Checkpoint | None:
     """The checkpoint to resume from, checked against ``cfg`` before any data is prepared."""
     ckpt = resume_checkpoint(run_dir)
@@ -171,7 +204,8 @@ def _resume_point(run_dir: Path, cfg: TrainConfig) -> Checkpoint | None:
         return None
     if not isinstance(ckpt.meta.get("loader"), dict) or not ckpt.meta.get("rng"):
         raise CheckpointError(f"{ckpt.path}: not a training checkpoint (no loader/RNG state)")
-    _check_resumable(ckpt.meta["train_config"], cfg.to_dict(), ckpt.path)
+    stored = legacy_precision(ckpt.meta["train_config"], cfg.dtype)
+    _check_resumable(stored, cfg.to_dict(), ckpt.path)
     return ckpt
 
 
@@ -253,6 +287,15 @@ def remove_leftovers(run_dir: Path) -> None:
     ]
     if removed:
         log.warning("removed what an interrupted run left: %s", ", ".join(map(str, removed)))
+
+
+def remove_empty_run(run_dir: Path) -> None:
+    """Delete ``run_dir`` if it holds nothing but its lock file: a run this process started
+    that was refused (or stopped) before writing anything leaves no folder behind."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {LOCK_FILE}:
+        (run_dir / LOCK_FILE).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # something appeared meanwhile: keep it
+            run_dir.rmdir()
 
 
 def start_point(run_dir: Path, cfg: TrainConfig, resume: bool) -> Checkpoint | None:
@@ -383,6 +426,17 @@ def compile_and_wrap(run: Run) -> tuple[torch.nn.Module, torch.nn.Module]:
     return compiled, model
 
 
+def _source_identity(run: Run) -> dict | None:
+    """A finetune's source as the recipe records it: read from the source, or where that is
+    gone (a resumed finetune needs only its own checkpoint), as the recipe recorded it."""
+    if run.cfg.init_from is None:
+        return None
+    if not source_missing(run.cfg.init_from):
+        return read_source(run.cfg.init_from).identity()
+    recorded = _recorded_recipe(run.dir) or {}
+    return recorded.get("source")
+
+
 def write_recipe(run: Run) -> None:
     """Rank 0 writes ``recipe.json``: what the run is, for compare, eval and ``--config``."""
     barrier(run.info)  # every rank has checked the run directory before rank 0 writes to it
@@ -397,7 +451,7 @@ def write_recipe(run: Run) -> None:
                 "tokenizer": run.data.tokenizer,
                 "data_dir": run.data.identity["dir"],
                 "data": run.data.identity,
-                "source": read_source(run.cfg.init_from).identity() if run.cfg.init_from else None,
+                "source": _source_identity(run),
                 "world_size": run.info.world_size,
                 "grad_accum": run.grad_accum,
             },

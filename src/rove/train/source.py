@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
+from safetensors import SafetensorError
 
+from rove import run_files
 from rove.functional import ROTARY_POS
 from rove.model import GPT
 from rove.rotary import Scaling, scaling_on_top
@@ -33,7 +35,15 @@ if TYPE_CHECKING:
     from rove.hf.causal_lm import HFCausalLM
     from rove.hf.conversion import HFPos
 
-__all__ = ["CONVERSIONS", "SourceModel", "build_source_model", "read_source", "source_scaling"]
+__all__ = [
+    "CONVERSIONS",
+    "SourceModel",
+    "build_source_model",
+    "read_source",
+    "source_missing",
+    "source_name",
+    "source_scaling",
+]
 
 SourceKind = Literal["checkpoint", "hf"]
 # how a finetune converts a RoPE source to RoVE: "smooth" ramps RoVE's V/O rotations from 0 to
@@ -70,6 +80,20 @@ class SourceModel:
         return {"kind": self.kind, "path": str(self.path), "pos": self.pos, "step": self.step}
 
 
+def source_name(path: str | Path) -> str:
+    """A source's short name from its path alone (a finetune's run folder is named after it):
+    a checkpoint folder's run, else the folder's own name; a resumed finetune names its run
+    folder by it even where the source is gone."""
+    root = Path(path).expanduser().resolve()
+    return root.parent.parent.name if root.parent.name == run_files.CHECKPOINTS else root.name
+
+
+def source_missing(path: str | Path | None) -> bool:
+    """True for a finetune's source (``init_from``) that is no longer there: a resumed finetune
+    needs only its own checkpoint and recipe."""
+    return path is not None and not Path(path).expanduser().exists()
+
+
 def read_source(path: str | Path) -> SourceModel:
     """The source model at ``path``: a rove run or checkpoint folder, or a Hugging Face folder.
 
@@ -95,11 +119,10 @@ def read_source(path: str | Path) -> SourceModel:
         raise ValueError(f"init_from {folder}: its {META_FILE} has no model_config")
     pos = str(model_config.get("pos"))
     _check_rotary(pos, folder)
-    run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder
     return SourceModel(
         kind="checkpoint",
         path=folder,
-        name=run_dir.name,
+        name=source_name(folder),
         pos=pos,
         model_config=model_config,
         train_config=meta.get("train_config"),
@@ -128,7 +151,7 @@ def _hf_source(folder: Path) -> SourceModel:
     return SourceModel(
         kind="hf",
         path=folder,
-        name=folder.resolve().name,
+        name=source_name(folder),
         pos=pos,
         model_config=config,
         train_config=None,
@@ -193,10 +216,13 @@ def build_source_model(
         from rove.hf.progress import no_progress_bars
 
         arm = cast("HFPos", pos)  # checked by TrainConfig: one of ROTARY_POS
-        with no_progress_bars():
-            model: GPT | HFCausalLM = HFCausalLM.from_folder(
-                source.path, pos=arm, block_size=block_size
-            )
+        try:
+            with no_progress_bars():
+                model: GPT | HFCausalLM = HFCausalLM.from_folder(
+                    source.path, pos=arm, block_size=block_size
+                )
+        except SafetensorError as err:  # a truncated or damaged weights file
+            raise ValueError(f"init_from {source.path}: cannot read its weights ({err})") from None
     else:
         from rove.checkpoint import load_checkpoint, restore_model
         from rove.hf.any_model import model_from_config
