@@ -140,7 +140,7 @@ def test_without_data_a_model_trains_on_the_embedded_corpus_in_its_own_tokenizer
 
 
 def test_an_export_names_a_tokenizer_class_every_supported_transformers_knows(
-    llama, data_dir, tmp_path
+    llama, llama_data, tmp_path
 ):
     """A source saved by transformers 5 names its tokenizer ``TokenizersBackend``, which 4.x
     lacks: the export names ``PreTrainedTokenizerFast`` (this file also runs at the floor,
@@ -154,7 +154,7 @@ def test_an_export_names_a_tokenizer_class_every_supported_transformers_knows(
     config_file = source / "tokenizer_config.json"
     config = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**config, "tokenizer_class": "TokenizersBackend"}))
-    run_dir = train(finetune(source, data_dir, tmp_path, max_steps=2), progress=False)
+    run_dir = train(finetune(source, llama_data, tmp_path, max_steps=2), progress=False)
     out = export_run(run_dir, tmp_path / "export")
     assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == (
         "PreTrainedTokenizerFast"
@@ -163,16 +163,16 @@ def test_an_export_names_a_tokenizer_class_every_supported_transformers_knows(
     assert tokenizer.encode("hi") == get_tokenizer("byte").encode("hi")
 
 
-def test_a_shorter_finetune_context_keeps_the_source_context(llama, data_dir, tmp_path):
+def test_a_shorter_finetune_context_keeps_the_source_context(llama, llama_data, tmp_path):
     """Trained at 64 tokens, the 256-token model stays a 256-token model: a later scaling
     counts from its real context."""
-    run_dir = train(finetune(llama, data_dir, tmp_path, max_steps=1), progress=False)
+    run_dir = train(finetune(llama, llama_data, tmp_path, max_steps=1), progress=False)
     model, meta = load_any_model(run_dir)
     assert model.config.block_size == meta["model_config"]["block_size"] == 256
     assert read_source(run_dir).context == 256
 
 
-def test_the_readme_command_runs_as_written(llama, data_dir):
+def test_the_readme_command_runs_as_written(llama, llama_data):
     """README's ``rove finetune ./my-llama --data-dir data/my-llama --seq-len 512 --max-steps 500
     --lr 1e-4 --compare``: the tiny preset's 8,192 tokens per step at 512 tokens a row."""
     import re
@@ -185,7 +185,7 @@ def test_the_readme_command_runs_as_written(llama, data_dir):
     (line,) = re.findall(r"^rove finetune \./my-llama .*$", readme, flags=re.M)
     argv = line.split()[2:]
     argv[argv.index("./my-llama")] = str(llama)
-    argv[argv.index("data/my-llama")] = str(data_dir)
+    argv[argv.index("data/my-llama")] = str(llama_data)
     parser = build_parser()
     args, stored = train_cli.parse_args(parser, argv)
     assert args.compare
