@@ -19,7 +19,6 @@ from rove.run_files import CHECKPOINTS, LATEST, SUMMARY
 from rove.train import load_checkpoint, train
 from rove.train.metrics import read_metrics
 from test_train_distributed import config, free_port
-from test_train_distributed import data_dir as data_dir  # the prepared-corpus fixture
 
 
 def launch_nodes(cfg_args: list[str], nodes: int = 2) -> None:
