@@ -230,3 +230,18 @@ def test_three_seed_report_names_what_ran_and_the_held_out_size() -> None:
     assert "Held-out set: 62 documents, 1,391,365 tokens (the prepared data's val split" in (
         render_report(res)
     )
+
+
+def test_training_section_gives_the_validation_gap_with_its_noise() -> None:
+    res = three_seed_results()
+    for r in res["runs"]:  # validations at 0, 10, ..., 60; rove's gap -0.1 +- 0.02 alternating
+        k = 1.0 if r["label"] == "rove" else 0.0
+        r["curve"] = [{"step": s, "tokens": s, "loss": None,
+                       "val_loss": 3.0 - s / 100 + k * (-0.1 + (0.02 if s % 20 else -0.02))}
+                      for s in range(0, 70, 10)]  # fmt: skip
+    md = render_report(res)
+    # the end: the last 3 validations (40, 50, 60); the noise: the gap's change from one
+    # validation to the next over the second half of 10..60 (40, 50, 60: changes of 0.04)
+    assert "Validation loss, rove - rope over the last 3 validations (steps 40, 50, 60): " in md
+    assert "-0.1067 ± 0.0000" in md  # (-0.12 - 0.08 - 0.12) / 3 in every seed
+    assert "the gap moves by ±0.0400 nats from one validation to the next" in md

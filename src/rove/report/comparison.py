@@ -767,9 +767,26 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
             for label in labels
         ],
     )
+    lines += [] if source else _val_gap_lines(runs, baseline)  # a finetune's: its Recovery
     for caption, name in figures.items():
         lines += ["", f"### {caption}", "", f"![{caption}]({name})"]
     return "\n".join(lines) + "\n"
+
+
+def _val_gap_lines(runs: list[dict], baseline: str) -> list[str]:
+    """The validation-loss gap at the end of training: over the last validations (not the last
+    one alone), with its step-to-step noise, so a "final val loss" is not read as one draw."""
+    lines = []
+    for label in [x for x in _labels(runs) if x != baseline]:
+        recs = recoveries(runs, label, baseline)
+        if (p := end_paired(recs)).n:
+            lines.append(
+                f"Validation loss, {label} - {baseline} over {end_text(recs)}: "
+                f"{_signed(p.diff)} ({p.test_text()}); {noise_text(recs)}. The final "
+                "validation is one small sample: the perplexities above score the end on the "
+                "whole evaluation's windows."
+            )
+    return ["", *lines] if lines else []
 
 
 def write_report(results: dict, out_dir: str | Path) -> Path:
