@@ -159,7 +159,9 @@ def test_three_seeds_report_tests_groups_and_reasons(tmp_path):
         "- Not measured: CORE (no bundle); RULER QA (no local SQuAD/HotpotQA files); "
         "ICL kv_recall_mc (do not fit); reasons below." in md.split("## Main")[0]
     )
-    assert "Windows scored per length: 64: 32, 128: 32, 256: 32, 512: 0." in md
+    assert (
+        "Windows scored per length: 64 (0.5x): 32, 128 (1x): 32, 256 (2x): 32, 512 (4x): 0." in md
+    )
     path = write_report(three_seed_results(), tmp_path)
     assert (tmp_path / "ruler.png").stat().st_size > 1000 and path.is_file()
 

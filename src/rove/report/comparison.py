@@ -221,12 +221,13 @@ def _ppl_notes(runs: list[dict]) -> list[str]:
     resampled, and unmeasured cells."""
     windows, docs = _per_length(runs, "ppl_windows"), _per_length(runs, "ppl_documents")
     units = {u for us in _per_length(runs, "ppl_ci_unit").values() for u in us}
+    at = partial(length_label, train_len=_train_len(runs))
     lines = []
     if any(windows.values()):
-        parts = [f"{n}: {'/'.join(map(str, w))}" for n, w in windows.items() if w]
+        parts = [f"{at(n)}: {'/'.join(map(str, w))}" for n, w in windows.items() if w]
         lines.append(f"Windows scored per length: {', '.join(parts)}.")
     if any(docs.values()):
-        parts = [f"{n}: {'/'.join(map(str, d))}" for n, d in docs.items() if d]
+        parts = [f"{at(n)}: {'/'.join(map(str, d))}" for n, d in docs.items() if d]
         lines.append(f"Documents those windows start in: {', '.join(parts)}.")
     resampled = (
         "documents, each with all its windows (a cluster bootstrap: windows of one document "
@@ -244,7 +245,7 @@ def _ppl_notes(runs: list[dict]) -> list[str]:
             if (ci := _ppl_ci(None, n)(r)) and (ppl := dig(r, "ppl", str(n)))
         ]
         if rel:
-            widths.append(f"{n}: ±{100 * summarize(rel).mean:.1f}%")
+            widths.append(f"{at(n)}: ±{100 * summarize(rel).mean:.1f}%")
     if widths:
         lines.append(
             "Within-run noise (half-width of the 95% bootstrap interval, relative, mean over "
