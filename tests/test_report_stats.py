@@ -116,3 +116,8 @@ def test_document_bootstrap_needs_two_documents_and_a_label_per_value() -> None:
         bootstrap_mean_ci([1.0, 2.0, 3.0], groups=[5, 5, 5])
     with pytest.raises(ValueError, match="label every value"):
         bootstrap_mean_ci([1.0, 2.0, 3.0], groups=[0, 1])
+
+
+def test_a_tiny_p_value_reads_p_less_than() -> None:
+    strong = paired({0: 1.0, 1: 2.0, 2: 3.0}, {0: 11.0, 1: 12.001, 2: 13.0}, LOWER)
+    assert ", p < 0.001; Wilcoxon p = 0.25" in strong.test_text()

@@ -104,11 +104,12 @@ class Paired:
         if not self.tested:
             return f"n < {MIN_TEST_N}: no test"
         t = "t undefined (zero spread)" if math.isnan(self.t) else f"t({self.df}) = {self.t:+.2f}"
-        return f"{t}, p = {_p(self.p_t)}; Wilcoxon p = {_p(self.p_wilcoxon)}"
+        return f"{t}, p {_p(self.p_t)}; Wilcoxon p {_p(self.p_wilcoxon)}"
 
 
 def _p(p: float) -> str:
-    return "n/a" if math.isnan(p) else f"{p:.2g}" if p >= 0.001 else "< 0.001"
+    """``= 0.03``, ``< 0.001`` or ``= n/a``: the relation with the value (not ``p = < 0.001``)."""
+    return "= n/a" if math.isnan(p) else f"= {p:.2g}" if p >= 0.001 else "< 0.001"
 
 
 def paired(
