@@ -10,6 +10,7 @@ import json
 import math
 
 from rove.cli import main
+from rove.data import load_manifest
 from rove.demo import (
     BUDGET_MINUTES,
     EVAL_COST_TOKENS,
@@ -20,6 +21,7 @@ from rove.demo import (
     fit_to_budget,
     probe_tokens_per_second,
 )
+from test_report import assert_headers_name_what_ran
 
 
 def test_demo_quick_end_to_end_and_resume(tmp_path, monkeypatch):
@@ -50,6 +52,14 @@ def test_demo_quick_end_to_end_and_resume(tmp_path, monkeypatch):
     report = (out / "report.md").read_text()
     assert "## What we found" in report and "| rove + yarn |" in report
     assert (out / "ppl_vs_length.png").is_file()
+    # the held-out size the report states is the data manifest's, split as the recipe says
+    manifest = load_manifest(runs[0]["data"]["dir"])
+    assert manifest["settings"]["val_fraction"] == QUICK_TRAIN["data_val_fraction"]
+    docs, tokens = manifest["split_documents"]["val"], manifest["tokens"]["val"]
+    assert f"Held-out set: {docs:,} documents, {tokens:,} tokens" in report
+    # every header names what ran (niah_single_1 and vt, not NIAH), every length its multiple
+    assert_headers_name_what_ran(report, {"niah_single_1", "vt"})
+    assert "| method | niah_single_1 | VT | average |" in report
 
     # a second run reuses everything on disk
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")}

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from rove.eval.perplexity import MIN_WINDOWS, n_windows_for, perplexity_vs_length, window_starts
+from rove.eval.perplexity import (
+    MIN_WINDOWS,
+    n_windows_for,
+    perplexity_vs_length,
+    window_documents,
+    window_starts,
+)
 from rove.stats import bootstrap_mean_ci
 from test_eval_mocks import TableLM
 
@@ -168,3 +174,33 @@ def test_windows_cross_document_boundaries() -> None:
     assert rec["ppl"] == pytest.approx(2.0, rel=1e-6)
     starts = window_starts(len(tokens), 16, 12)
     assert any(eot in tokens[s : s + 17] for s in starts)
+
+
+def test_intervals_resample_the_documents_windows_start_in() -> None:
+    # five documents of different lengths, each opened by the end-of-text token 8: each window
+    # belongs to the document its first token is in, and the interval resamples documents
+    eot = 8
+    model = TableLM(torch.randn(9, 9, generator=torch.Generator().manual_seed(5)), block_size=8)
+    rng = np.random.default_rng(6)
+    sizes = (60, 100, 40, 90, 30)
+    tokens = np.concatenate([np.r_[eot, rng.integers(0, 8, n)] for n in sizes])
+    opens = np.cumsum([0, *(n + 1 for n in sizes)])[:-1]  # where each document starts
+    cell = perplexity_vs_length(
+        model, tokens, [8], scalings=(None,), max_tokens_per_length=0, batch_size=8,
+        min_windows=30, eot_token=eot, progress=False,
+    )["results"][None][8]  # fmt: skip
+    starts = window_starts(len(tokens), 8, 30)
+    by_hand = [int(np.flatnonzero(opens <= s)[-1]) for s in starts]
+    assert cell["window_docs"] == by_hand == window_documents(tokens, starts, eot).tolist()
+    assert cell["n_documents"] == 5 and cell["ci_unit"] == "document"
+    lo, hi = bootstrap_mean_ci(cell["window_loss"], groups=by_hand)
+    assert cell["ppl_ci"] == pytest.approx([math.exp(lo), math.exp(hi)])
+    # without the token, the documents are unknown: windows are resampled, as before
+    plain = perplexity_vs_length(
+        model, tokens, [8], scalings=(None,), max_tokens_per_length=0, batch_size=8,
+        min_windows=30, progress=False,
+    )["results"][None][8]  # fmt: skip
+    assert plain["ci_unit"] == "window" and plain["window_docs"] is None
+    assert plain["ppl"] == cell["ppl"] and plain["ppl_ci"] != cell["ppl_ci"]
+    # text before the first end-of-text token is its own document (-1)
+    assert window_documents(tokens[5:], np.array([0, 60]), eot).tolist() == [-1, 0]

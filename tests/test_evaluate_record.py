@@ -45,9 +45,10 @@ def test_record_intervals_reasons_and_console_summary() -> None:
         "core": "no bundle (pass --core-bundle DIR, a local DCLM eval bundle)"
     }
     text = "\n".join(eval_summary_lines(rec))
-    assert "  ppl@32: 257.00 [257.00, 257.00] (8 windows)" in text
+    assert "  ppl@32 (1x): 257.00 [257.00, 257.00] (8 windows)" in text
     assert "+yarn: 257.00" in text
-    assert "RULER answer NLL @320: NIAH 5.55  average 5.55" in text
+    # the column is named for the one variant that ran, the length with its multiple
+    assert "RULER answer NLL @320 (10x): niah_single_1 5.55  average 5.55" in text
     assert "RULER tasks run (1 of 13): niah_single_1" in text
     assert "RULER QA not run (qa_squad, qa_hotpot): no local files" in text
     assert "ICL mean centered accuracy" in text and "ICL kv_recall_mc skipped: " in text

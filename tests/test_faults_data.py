@@ -36,6 +36,7 @@ from rove.data.corpora import DOC_CHARS, CorpusReport, split_text
 from rove.data.shards import write_shard
 from rove.eval.suite import EvalConfig, evaluate_checkpoint
 from rove.eval.suite import main as eval_main
+from rove.report import render_report
 from rove.train import TrainConfig, train
 
 
@@ -438,7 +439,7 @@ def test_eval_from_another_directory_and_on_changed_data(nano_run, tmp_path, mon
     held_out = tmp_path / "held-out.txt"
     held_out.write_text("Some held-out text. " * 40)
     other = evaluate_checkpoint(run_dir, QUICK_EVAL, progress=False, data=str(held_out))
-    assert other["data"] == {"source": str(held_out), "tokens": 801}
+    assert other["data"] == {"source": str(held_out), "documents": 1, "tokens": 801}
     assert other["ppl"]["32"] != record["ppl"]["32"]
     copy = prepare(src, tmp_path / "copy", val_fraction=0.1)
     same = evaluate_checkpoint(run_dir, QUICK_EVAL, progress=False, data_dir=str(copy))
@@ -458,6 +459,18 @@ def test_eval_from_another_directory_and_on_changed_data(nano_run, tmp_path, mon
         assert json.loads(out.read_text())["data"]["dir"] == str(copy.resolve())
     finally:
         (data / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def test_eval_and_report_state_the_manifests_held_out_size(nano_run):
+    """Every perplexity rests on the val split: its size is the manifest's, not re-derived."""
+    run_dir, data, _ = nano_run
+    record = evaluate_checkpoint(run_dir, QUICK_EVAL, progress=False)
+    manifest = json.loads((data / "manifest.json").read_text())
+    docs, tokens = manifest["split_documents"]["val"], manifest["tokens"]["val"]
+    assert (record["data"]["documents"], record["data"]["tokens"]) == (docs, tokens)
+    assert record["ppl_documents"]["32"] > 1 and record["ppl_ci_unit"]["32"] == "document"
+    md = render_report({"runs": [{**record, "label": "rope", "seed": 0}]})
+    assert f"Held-out set: {docs:,} documents, {tokens:,} tokens (the prepared data's val" in md
 
 
 def test_eval_names_a_moved_dataset(nano_run, tmp_path):

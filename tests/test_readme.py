@@ -21,3 +21,14 @@ def test_readme_has_examples():
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_example_runs(index):
     exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {"__name__": "__readme__"})
+
+
+def test_readme_demo_numbers_are_the_recorded_reports():
+    """The README's demo table quotes docs/demo/report.md, the recorded run, number for number:
+    regenerating the report without updating the README fails here."""
+    text = README.read_text()
+    section = text.split("### What the demo finds")[1].split("What changed between versions")[0]
+    table = section.split("| method | PPL@")[1].split("\n\n")[0]
+    cells = re.findall(r"\d+\.\d+ ± \d+\.\d+", table)
+    report = (README.parent / "docs" / "demo" / "report.md").read_text()
+    assert len(cells) == 18 and all(cell in report for cell in cells)

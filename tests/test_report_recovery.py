@@ -54,7 +54,12 @@ def test_recovery_steps_per_seed() -> None:
     # "from which": seed 1 is below rope at 50 but above at 100, so it counts from 150
     assert [r.caught_up for r in recs] == [150, 150, None]
     assert [r.end_step for r in recs] == [200, 200, 200]
-    assert [r.end_gap for r in recs] == pytest.approx([-0.05, 0.0, 0.5])
+    # the end: the mean of the last validations after step 0, at most the second half of them
+    # (here 2 of 4: steps 150 and 200), not the last step alone
+    assert [r.end_steps for r in recs] == [(150, 200)] * 3
+    assert [r.end_gap for r in recs] == pytest.approx([-0.025, -0.025, 0.5])
+    # step-to-step noise: rms change of the gap over the second half (150 -> 200)
+    assert [r.gap_noise for r in recs] == pytest.approx([0.05, 0.05, 0.0])
     assert [(r.input_loss, r.converted_loss) for r in recs] == [(3.0, 4.5), (3.0, 4.0), (3.0, 5.0)]
     assert all(not r.missing for r in recs)
 
@@ -64,28 +69,35 @@ def test_recovery_section_table_and_words() -> None:
     section = md.split("## Recovery")[1].split("\n## ")[0]
     assert md.index("## Main results") < md.index("## Recovery") < md.index("## Out-of-dist")
     assert (
-        "| seed | input model (rope, step 0) | rove just converted (step 0) | end step | "
+        "| seed | input model (rope, step 0) | rove just converted (step 0) | end steps | "
         "rope at the end | rove at the end | rove - rope at the end | "
-        "rove reaches the input's loss | rove at or below rope from |" in section
+        "step-to-step noise of the gap | rove reaches the input's loss | "
+        "rove at or below rope from |" in section
     )
     assert (
-        "| 0 | 3.0000 | 4.5000 | 200 | 2.6000 | 2.5500 | -0.0500 | step 100 | step 150 |" in section
+        "| 0 | 3.0000 | 4.5000 | 150-200 | 2.6500 | 2.6250 | -0.0250 | ±0.0500 | step 100 | "
+        "step 150 |" in section
     )
     assert (
-        "| 1 | 3.0000 | 4.0000 | 200 | 2.6000 | 2.6000 | +0.0000 | step 50 | step 150 |" in section
+        "| 1 | 3.0000 | 4.0000 | 150-200 | 2.6500 | 2.6250 | -0.0250 | ±0.0500 | step 50 | "
+        "step 150 |" in section
     )
     assert (
-        "| 2 | 3.0000 | 5.0000 | 200 | 2.6000 | 3.1000 | +0.5000 | not within 200 steps | never |"
-        in section
+        "| 2 | 3.0000 | 5.0000 | 150-200 | 2.6500 | 3.1500 | +0.5000 | ±0.0000 | "
+        "not within 200 steps | never |" in section
     )
     assert (
-        "| mean | 3.0000 ± 0.0000 | 4.5000 ± 0.5000 | 200 | 2.6000 ± 0.0000 | 2.7500 ± 0.3041 | "
-        "+0.1500 ± 0.3041 | 2 of 3 seeds, by step 100 | 2 of 3 seeds, by step 150 |" in section
+        "| mean | 3.0000 ± 0.0000 | 4.5000 ± 0.5000 | 150-200 | 2.6500 ± 0.0000 | "
+        "2.8000 ± 0.3031 | +0.1500 ± 0.3031 | ±0.0333 | 2 of 3 seeds, by step 100 | "
+        "2 of 3 seeds, by step 150 |" in section
     )
-    ref = sps.ttest_rel([2.55, 2.6, 3.1], [2.6, 2.6, 2.6])
+    ref = sps.ttest_rel([2.625, 2.625, 3.15], [2.65, 2.65, 2.65])
     assert f"t(2) = {ref.statistic:+.2f}, p = {ref.pvalue:.2g}" in section
-    assert "rove - rope at the end: +0.1500 ± 0.3041; 95% CI [-0.6055, +0.9055]; t(2)" in section
-    assert "rove better/worse in 1/1 of 3 seeds" in section
+    assert (
+        "rove - rope over the last 2 validations (steps 150, 200): +0.1500 ± 0.3031; "
+        "95% CI [-0.6030, +0.9030]; t(2)" in section
+    )
+    assert "rove better/worse in 2/1 of 3 seeds; the gap moves by ±0.0333 nats" in section
     assert f"Every run starts from `{SOURCE}`" in section and "Not paired" not in section
 
 
@@ -97,15 +109,20 @@ def test_findings_say_plainly_when_rove_ends_worse() -> None:
         "step 100 in seed 0; not within 200 steps in seed 2."
     )
     assert lines[1].startswith(
-        "- At the end (step 200), rove is worse than continued rope by 0.1500 nats of validation "
-        "loss (mean over 3 seed(s); worse in seed 2; better in seed 0; tied in seed 1; t(2) = "
+        "- Over the last 2 validations (steps 150, 200), rove is worse than continued rope by "
+        "0.1500 nats of validation loss (mean over 3 seed(s); worse in seed 2; better in "
+        "seeds 0, 1; t(2) = "
+    )
+    assert lines[1].endswith(
+        "; the gap moves by ±0.0333 nats from one validation to the next (root mean square over "
+        "the second half of the run, mean over 3 seed(s))."
     )
     assert lines[2] == (
         "- rove stays at or below rope at equal steps from step 150 on in seeds 0, 1; never in "
         "seed 2 (above rope at the end)."
     )
     # the plain paired findings of the rest of the report follow
-    assert any(line.startswith("- PPL@128: rove is") for line in lines)
+    assert any(line.startswith("- PPL@128 (1x): rove is") for line in lines)
 
 
 def test_rove_better_in_every_seed_is_said_too() -> None:
@@ -127,9 +144,14 @@ def test_missing_validation_steps_and_runs_are_named_not_guessed() -> None:
     assert recs[2].input_loss is None and recs[2].reached is None and recs[2].caught_up is None
     md = render_report(res)
     assert "| 0 | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |" in md
-    # seed 1 ends where both arms have a validation: its step 100, rove 2.75 vs rope 2.8
-    assert "| 1 | 3.0000 | 4.0000 | 100 | 2.8000 | 2.7500 | -0.0500 | step 50 | step 50 |" in md
-    assert "| 2 | n/a | 5.0000 | 200 | 2.6000 | 3.1000 | +0.5000 | n/a | never |" in md
+    # seed 1 ends where both arms have a validation: its step 100 alone (the second half of
+    # 50, 100), rove 2.75 vs rope 2.8, too few validations for a step-to-step noise
+    assert (
+        "| 1 | 3.0000 | 4.0000 | 100 | 2.8000 | 2.7500 | -0.0500 | n/a | step 50 | step 50 |" in md
+    )
+    assert (
+        "| 2 | n/a | 5.0000 | 150-200 | 2.6500 | 3.1500 | +0.5000 | ±0.0000 | n/a | never |" in md
+    )
     assert "| mean | 3.0000 | 4.5000 ± 0.7071 | 100-200 |" in md
     assert "- seed 0: no rove run" in md
     assert (
@@ -138,8 +160,8 @@ def test_missing_validation_steps_and_runs_are_named_not_guessed() -> None:
     )
     assert "- seed 2: rope has no step-0 validation (the input model's loss)" in md
     assert (
-        "- At the last step both arms validated (step 100 in seed 1, step 200 in seed 2), rove is worse"
-        in md
+        "- Over the last validations both arms have (they differ by seed: see the table), rove "
+        "is worse" in md
     )
     assert "- Recovery not fully paired in seeds 0, 1, 2: see the Recovery section." in md
 
@@ -155,8 +177,8 @@ def test_finetune_intro_and_the_rest_of_the_report(tmp_path) -> None:
     assert "from scratch" not in md and "trained for minutes" not in md
     assert "\n## Continued training\n" in md and "\n## Training\n" not in md
     # the rest works unchanged: OOD with yarn, RULER groups, paired statistics, their plots
-    assert "| rove + yarn |" in md and "| method | CWE | NIAH | VT | average |" in md
-    assert "| PPL@128 | rove - rope |" in md
+    assert "| rove + yarn |" in md and "| method | FWE | NIAH (2 of 8) | VT | average |" in md
+    assert "| PPL@128 (1x) | rove - rope |" in md
     for name in ("recovery.png", "ppl_vs_length.png", "ruler.png", "training_curves.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (tmp_path / name).stat().st_size > 1000
@@ -217,8 +239,8 @@ def test_run_stopped_before_its_first_validation_after_step_0() -> None:
     runs_of(res, "rove", 2)["curve"] = curve((5.0,), (0,))
     md = render_report(res)
     assert (
-        "| 2 | 3.0000 | 5.0000 | 0 | 3.0000 | 5.0000 | +2.0000 | no validation after step 0 | never |"
-        in md
+        "| 2 | 3.0000 | 5.0000 | 0 | 3.0000 | 5.0000 | +2.0000 | n/a | "
+        "no validation after step 0 | never |" in md
     )
     assert "step 100 in seed 0; no validation after step 0 in seed 2." in md
     assert "- seed 2: rove has no validation at step(s) 50, 100, 150, 200 that rope has" in md
@@ -232,19 +254,24 @@ def test_one_seed_that_never_recovers_reads_plainly() -> None:
         "it is not back at the input model's loss: not within 200 steps in seed 2."
     )
     assert lines[1].startswith(
-        "- At the end (step 200), rove is worse than continued rope by 0.5000 nats"
+        "- Over the last 2 validations (steps 150, 200), rove is worse than continued rope by "
+        "0.5000 nats"
     )
     assert (
         lines[2]
         == "- rove never stays at or below rope at equal steps in seed 2 (above rope at the end)."
     )
-    assert "at the end: +0.5000; n < 2: no interval; n < 3: no test;" in render_report(res)
+    assert (
+        "over the last 2 validations (steps 150, 200): +0.5000; n < 2: no interval; n < 3: no test;"
+        in render_report(res)
+    )
 
 
-@pytest.mark.parametrize(("end", "counts", "word"), [(2.5, "3/0", "better"), (2.7, "0/3", "worse")])
+@pytest.mark.parametrize(("end", "counts", "word"), [(2.5, "3/0", "better"), (2.8, "0/3", "worse")])
 def test_every_seed_on_one_side_is_counted_on_that_side(end, counts, word) -> None:
     """The fixture has one better, one tied and one worse seed: swapping wins and losses changed
-    none of its counts. Every seed on one side tells the two apart."""
+    none of its counts. Every seed on one side tells the two apart (the end is the mean of the
+    last two validations: rope 2.65 there)."""
     one_side = {s: (4.0, 3.0, 2.8, 2.6 + s / 1000, end + s / 1000) for s in (0, 1, 2)}
     res = finetune_results(one_side)
     section = render_report(res).split("## Recovery")[1].split("\n## ")[0]

@@ -83,3 +83,41 @@ def test_bootstrap_matches_scipy_and_covers_normal_mean() -> None:
     assert bootstrap_mean_ci([2.0, 2.0, 2.0]) == (2.0, 2.0)
     with pytest.raises(ValueError, match="at least 2"):
         bootstrap_mean_ci([1.0])
+
+
+def test_document_bootstrap_resamples_documents_together() -> None:
+    # two documents of 10 windows each, every window of document A at loss 1, of B at 3
+    values = [1.0] * 10 + [3.0] * 10
+    docs = [0] * 10 + [1] * 10
+    # hand-computed: a resample draws two documents, {A, A} (mean 1), {A, B} (2) or {B, B} (3)
+    # with probabilities 1/4, 1/2, 1/4, so the 2.5% and 97.5% percentiles are exactly 1 and 3
+    assert bootstrap_mean_ci(values, groups=docs) == (1.0, 3.0)
+    # the window bootstrap treats the 20 windows as independent: far narrower, near 2 +- 0.45
+    lo, hi = bootstrap_mean_ci(values)
+    assert 1.4 < lo < 1.7 and 2.3 < hi < 2.6
+    # windows that vary only inside documents: documents are alike, so the interval is narrow
+    inside = [1.0, 3.0] * 10
+    lo, hi = bootstrap_mean_ci(inside, groups=docs)
+    assert lo == hi == 2.0
+
+
+def test_document_bootstrap_weighs_documents_by_their_windows() -> None:
+    # one long document (8 windows at 1) and one short (2 at 6): the pooled mean is 2, and a
+    # resample's statistic is the mean of its windows, {long, short} giving 2 again
+    values = [1.0] * 8 + [6.0] * 2
+    docs = [7] * 8 + [3] * 2  # any labels, in any order
+    assert bootstrap_mean_ci(values, groups=docs) == (1.0, 6.0)
+    mixed = bootstrap_mean_ci(values, groups=docs, n_resamples=4000, confidence=0.4)
+    assert mixed == (2.0, 2.0)  # the middle 40% is all {long, short} draws (probability 1/2)
+
+
+def test_document_bootstrap_needs_two_documents_and_a_label_per_value() -> None:
+    with pytest.raises(ValueError, match="at least 2 groups"):
+        bootstrap_mean_ci([1.0, 2.0, 3.0], groups=[5, 5, 5])
+    with pytest.raises(ValueError, match="label every value"):
+        bootstrap_mean_ci([1.0, 2.0, 3.0], groups=[0, 1])
+
+
+def test_a_tiny_p_value_reads_p_less_than() -> None:
+    strong = paired({0: 1.0, 1: 2.0, 2: 3.0}, {0: 11.0, 1: 12.001, 2: 13.0}, LOWER)
+    assert ", p < 0.001; Wilcoxon p = 0.25" in strong.test_text()

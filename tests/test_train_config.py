@@ -94,6 +94,8 @@ def test_budget_and_steps():
         ("grad_clip", float("nan")),
         ("compile", "yes"),
         ("decay_fraction", 2.0),
+        ("data_val_fraction", 0.0),
+        ("data_val_fraction", 0.6),  # more held out than trained on
     ],
 )
 def test_validation_names_the_field(field, value):

@@ -7,10 +7,13 @@ signed-rank test (no normality assumption), and in how many seeds each method wo
 than 3 pairs no test is run: a t test with 1 degree of freedom, or a signed-rank test whose
 smallest possible p-value is 0.5, says nothing, and the report says "n < 3: no test" instead.
 
-Perplexity intervals come from a percentile bootstrap over evaluation windows (the windows are
-disjoint stretches of held-out text, the natural resampling unit): resample the per-window mean
-losses, take the mean, and map the loss interval through ``exp`` (monotone, so percentiles carry
-over). The resampling seed is fixed, so a report is reproducible.
+Perplexity intervals come from a percentile bootstrap of the mean per-window loss, mapped
+through ``exp`` (monotone, so percentiles carry over). Windows cut from one document are not
+independent draws of held-out text (they share its topic, style and vocabulary), so when the
+windows' documents are known the bootstrap resamples *documents* with all their windows (a
+cluster bootstrap): its interval describes held-out text, not the particular files scored. With
+windows from a handful of documents it is honestly wide. The resampling seed is fixed, so a
+report is reproducible.
 """
 
 from __future__ import annotations
@@ -105,11 +108,12 @@ class Paired:
         if not self.tested:
             return f"n < {MIN_TEST_N}: no test"
         t = "t undefined (zero spread)" if math.isnan(self.t) else f"t({self.df}) = {self.t:+.2f}"
-        return f"{t}, p = {_p(self.p_t)}; Wilcoxon p = {_p(self.p_wilcoxon)}"
+        return f"{t}, p {_p(self.p_t)}; Wilcoxon p {_p(self.p_wilcoxon)}"
 
 
 def _p(p: float) -> str:
-    return "n/a" if math.isnan(p) else f"{p:.2g}" if p >= 0.001 else "< 0.001"
+    """``= 0.03``, ``< 0.001`` or ``= n/a``: the relation with the value (not ``p = < 0.001``)."""
+    return "= n/a" if math.isnan(p) else f"= {p:.2g}" if p >= 0.001 else "< 0.001"
 
 
 def paired(
@@ -143,17 +147,24 @@ def paired(
 def bootstrap_mean_ci(
     values: Sequence[float],
     *,
+    groups: Sequence[int] | np.ndarray | None = None,
     confidence: float = CONFIDENCE,
     n_resamples: int = 2000,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile-bootstrap interval for the mean of ``values`` (scipy.stats.bootstrap).
+    """Percentile-bootstrap interval for the mean of ``values``.
 
-    Needs at least 2 values (a single window has no spread to resample); raises ValueError then.
+    ``groups`` (one label per value, e.g. the document a window was cut from): resample whole
+    groups with replacement and take the mean of all the values they hold (a cluster bootstrap,
+    :func:`_cluster_bootstrap`); without it, the values independently (scipy.stats.bootstrap).
+    Needs at least 2 values, and 2 groups when grouped (one has no spread to resample); raises
+    ValueError otherwise.
     """
     xs = np.asarray(values, dtype=np.float64)
     if xs.ndim != 1 or len(xs) < 2:
         raise ValueError(f"bootstrap needs at least 2 values in a 1-D sequence, got {xs.shape}")
+    if groups is not None:
+        return _cluster_bootstrap(xs, np.asarray(groups), confidence, n_resamples, seed)
     if np.ptp(xs) == 0:  # every resample has the same mean
         return (float(xs[0]), float(xs[0]))
     res = sps.bootstrap(
@@ -165,3 +176,25 @@ def bootstrap_mean_ci(
         rng=np.random.default_rng(seed),
     )
     return (float(res.confidence_interval.low), float(res.confidence_interval.high))
+
+
+def _cluster_bootstrap(
+    xs: np.ndarray, groups: np.ndarray, confidence: float, n_resamples: int, seed: int
+) -> tuple[float, float]:
+    """Percentile interval of the pooled mean when whole groups are resampled: each resample
+    draws as many groups as there are, with replacement, and its statistic is the sum of their
+    values over the count (groups of different sizes weigh by size, as in the plain mean)."""
+    if groups.shape != xs.shape:
+        raise ValueError(f"groups must label every value: {groups.shape} for {xs.shape} values")
+    labels, index = np.unique(groups, return_inverse=True)
+    if len(labels) < 2:
+        raise ValueError(f"a grouped bootstrap needs at least 2 groups, got {len(labels)}")
+    if np.ptp(xs) == 0:
+        return (float(xs[0]), float(xs[0]))
+    sums = np.bincount(index, weights=xs)  # (G,)
+    counts = np.bincount(index).astype(np.float64)  # (G,)
+    draws = np.random.default_rng(seed).integers(0, len(labels), (n_resamples, len(labels)))
+    means = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)  # (n_resamples,)
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return (float(low), float(high))

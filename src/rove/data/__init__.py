@@ -12,6 +12,7 @@ from rove.data.loader import TokenLoader, load_split_tokens
 from rove.data.prepare import (
     data_identity,
     default_data_dir,
+    held_out_size,
     load_manifest,
     prepare_dataset,
     tokenize_source,
@@ -32,6 +33,7 @@ __all__ = [
     "data_identity",
     "default_data_dir",
     "get_tokenizer",
+    "held_out_size",
     "iter_documents",
     "load_manifest",
     "load_split_tokens",

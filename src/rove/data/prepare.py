@@ -554,6 +554,16 @@ def data_identity(data_dir: str | Path) -> dict:
     }
 
 
+def held_out_size(manifest: dict) -> dict:
+    """The held-out (val) split's size as the manifest records it: ``documents`` (None in a
+    manifest from before document counts were kept) and ``tokens`` (its shards'). Reports quote
+    these numbers, so they are read here, never re-derived."""
+    return {
+        "documents": manifest.get("split_documents", {}).get("val"),
+        "tokens": sum(entry["tokens"] for entry in manifest["splits"]["val"]),
+    }
+
+
 def verify_data_identity(identity: dict, data_dir: str | Path | None = None) -> Path:
     """The folder of ``identity`` (or ``data_dir`` instead), checked to hold exactly the
     dataset ``identity`` recorded; ``ValueError``/``FileNotFoundError`` name what differs."""

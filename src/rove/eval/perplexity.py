@@ -14,8 +14,13 @@ Design choices:
   1024-token training length, too few to separate methods or to bootstrap an interval. The budget
   therefore grows with ``L`` once ``L * min_windows`` exceeds it. A stream too short for
   ``min_windows`` windows uses all it has and says so in ``note``.
-- **Intervals.** Each window's mean loss is kept (``window_loss``); the 95% interval of the
-  perplexity is a percentile bootstrap over windows (:func:`rove.stats.bootstrap_mean_ci`).
+- **Intervals.** Each window's mean loss is kept (``window_loss``), with the document it starts
+  in (``window_docs``, counted by the end-of-text tokens that open documents, when the caller
+  gives ``eot_token``). The 95% interval of the perplexity is a percentile bootstrap
+  (:func:`rove.stats.bootstrap_mean_ci`) that resamples *documents* with all their windows: many
+  short windows cut from a few files are not many independent samples of held-out text, and a
+  window bootstrap would report the noise of those files only. Without ``eot_token`` (or with
+  windows from a single document) it resamples windows, and ``ci_unit`` says which ran.
 - **Document boundaries are crossed.** The held-out stream is documents joined by the end-of-text
   token, and windows are cut from it without regard to where documents start: a window may hold
   the end of one document, the separator and the start of the next, the separator is scored as a
@@ -54,7 +59,13 @@ from rove.stats import bootstrap_mean_ci
 with needs_extra("toolkit", __name__):
     from tqdm.auto import tqdm
 
-__all__ = ["MIN_WINDOWS", "n_windows_for", "perplexity_vs_length", "window_starts"]
+__all__ = [
+    "MIN_WINDOWS",
+    "n_windows_for",
+    "perplexity_vs_length",
+    "window_documents",
+    "window_starts",
+]
 
 MIN_WINDOWS = 32  # windows per length at least, while the stream holds them
 
@@ -71,6 +82,14 @@ def window_starts(n_tokens: int, length: int, max_windows: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     picks = np.unique(np.linspace(0, n_avail - 1, n).round().astype(np.int64))
     return picks * length
+
+
+def window_documents(tokens: np.ndarray, starts: np.ndarray, eot_token: int) -> np.ndarray:
+    """The document each window starts in: the number of ``eot_token`` at or before its first
+    token, minus one (every document of a prepared stream opens with one; text before the first
+    is document -1)."""
+    eots = np.flatnonzero(np.asarray(tokens) == eot_token)
+    return np.searchsorted(eots, starts, side="right") - 1
 
 
 def n_windows_for(length: int, max_tokens_per_length: int, min_windows: int = MIN_WINDOWS) -> int:
@@ -91,12 +110,14 @@ def _evaluate_length(
     model: LanguageModel,
     tokens: np.ndarray,
     starts: np.ndarray,
+    docs: np.ndarray | None,
     length: int,
     batch_size: int,
     n_buckets: int,
     progress: bool,
 ) -> dict[str, Any]:
-    """Loss over the windows at ``starts``; the caller has already applied any scaling."""
+    """Loss over the windows at ``starts`` (which start in documents ``docs``, if known); the
+    caller has already applied any scaling."""
     device = model_device(model)
     pos_sum = np.zeros(length, dtype=np.float64)  # summed loss per position over windows
     window_loss: list[float] = []  # mean loss of each window, in stream order
@@ -113,13 +134,18 @@ def _evaluate_length(
     edges = _bucket_edges(length, n_buckets)
     loss = float(pos_sum.sum() / (n_windows * length))
     ci = None
+    grouped = docs is not None and len(np.unique(docs)) > 1
     if n_windows > 1 and np.all(np.isfinite(window_loss)):
-        ci = [float(np.exp(b)) for b in bootstrap_mean_ci(window_loss)]
+        groups = docs if grouped else None
+        ci = [float(np.exp(b)) for b in bootstrap_mean_ci(window_loss, groups=groups)]
     return {
         "ppl": float(np.exp(loss)),
         "ppl_ci": ci,
+        "ci_unit": "document" if grouped else "window",
         "loss": loss,
         "window_loss": window_loss,
+        "window_docs": None if docs is None else docs.tolist(),
+        "n_documents": None if docs is None else len(np.unique(docs)),
         "n_windows": n_windows,
         "n_tokens": n_windows * length,
         "position_buckets": [[int(a), int(b)] for a, b in itertools.pairwise(edges)],
@@ -139,6 +165,7 @@ def perplexity_vs_length(
     batch_size: int,
     min_windows: int = MIN_WINDOWS,
     n_position_buckets: int = 16,
+    eot_token: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Perplexity per scaling kind and window length over deterministic windows of ``tokens``.
@@ -153,14 +180,18 @@ def perplexity_vs_length(
             :func:`n_windows_for`; fewer only when the stream is too short (then ``note`` says so).
         batch_size: windows per forward at ``block_size``; shrinks as ``batch_size * block_size / L``.
         n_position_buckets: number of equal-width position buckets for the loss-vs-position curve.
+        eot_token: the token that opens each document of ``tokens``: intervals then resample
+            documents (None: windows).
         progress: show tqdm progress bars.
 
     Returns:
         ``{"block_size", "n_stream_tokens", "results": {kind: {length: record}}}`` where
         ``kind`` is as in ``scalings`` (None for plain; ``rove eval``'s record writes it
         ``"none"``) and ``record`` holds ``ppl``, ``ppl_ci`` (bootstrap 95%
-        interval over windows, None with one window), ``loss`` (mean nats/token), ``window_loss``
-        (per window), ``factor``, ``n_windows``, ``n_tokens``, ``batch_size``, ``position_buckets``
+        interval, None with one window), ``ci_unit`` ("document" or "window": what it
+        resampled), ``loss`` (mean nats/token), ``window_loss`` (per window), ``window_docs``
+        (the document each window starts in; None without ``eot_token``), ``n_documents``
+        (distinct ones), ``factor``, ``n_windows``, ``n_tokens``, ``batch_size``, ``position_buckets``
         ([start, end) pairs), ``position_loss``, ``note`` (None, or why fewer than ``min_windows``
         windows ran) and ``error`` (None, or why the metrics are None).
     """
@@ -179,7 +210,7 @@ def perplexity_vs_length(
                 wanted = n_windows_for(length, max_tokens_per_length, min_windows)
                 cache[key] = _run_one(
                     model, tokens, length, kind, wanted, min_windows, batch_size,
-                    n_position_buckets, progress,
+                    n_position_buckets, eot_token, progress,
                 )  # fmt: skip
             per_length[length] = {**cache[key], "scaling": kind, "factor": factor}
         results[kind] = per_length
@@ -195,6 +226,7 @@ def _run_one(
     min_windows: int,
     batch_size: int,
     n_buckets: int,
+    eot_token: int | None,
     progress: bool,
 ) -> dict[str, Any]:
     """One (scaling, length) cell: metrics, or None metrics with the error that prevented them."""
@@ -206,14 +238,16 @@ def _run_one(
             f"{len(starts)} windows, fewer than the {min_windows} asked: the stream of "
             f"{len(tokens)} tokens holds no more at length {length}"
         )
-    empty = {"ppl": None, "ppl_ci": None, "loss": None, "window_loss": None, "n_windows": 0,
-             "n_tokens": 0, "batch_size": bs, "position_buckets": None, "position_loss": None,
+    empty = {"ppl": None, "ppl_ci": None, "ci_unit": None, "loss": None, "window_loss": None,
+             "window_docs": None, "n_documents": None, "n_windows": 0, "n_tokens": 0,
+             "batch_size": bs, "position_buckets": None, "position_loss": None,
              "note": None}  # fmt: skip
     if len(starts) == 0:
         return {**empty, "error": f"stream of {len(tokens)} tokens is shorter than {length + 1}"}
+    docs = None if eot_token is None else window_documents(tokens, starts, eot_token)
     try:
         with rope_scaled(model, kind, length):
-            metrics = _evaluate_length(model, tokens, starts, length, bs, n_buckets, progress)
+            metrics = _evaluate_length(model, tokens, starts, docs, length, bs, n_buckets, progress)
     except ValueError as err:  # e.g. learned absolute positions beyond block_size
         return {**empty, "error": f"{type(err).__name__}: {err}"}
     return {**metrics, "batch_size": bs, "note": note, "error": None}

@@ -7,13 +7,16 @@ Shared by the report's tables and plots and by the console summary. In Python no
 
 from __future__ import annotations
 
-from rove.eval.ruler import group_means
+from rove.eval.ruler import RULER_GROUPS, group_means
 
 __all__ = [
     "dig",
+    "group_header",
+    "length_label",
     "ruler_cells",
     "ruler_groups",
     "ruler_lengths",
+    "ruler_variants",
     "scaled_label",
     "scaling_key",
     "scaling_kind",
@@ -59,6 +62,32 @@ def ruler_cells(run: dict) -> dict[str, dict[str, dict]]:
 def ruler_lengths(runs: list[dict]) -> list[int]:
     """Every RULER length of any run, ascending."""
     return sorted({int(n) for r in runs for t in ruler_cells(r).values() for n in t})
+
+
+def ruler_variants(runs: list[dict]) -> set[str]:
+    """The RULER variants any run tried (has a cell for), under any scaling."""
+    return {t.split(" +")[0] for r in runs for t in ruler_cells(r)}
+
+
+def group_header(group: str, tried: set[str]) -> str:
+    """The column name of RULER ``group`` for the variants ``tried``: the group's own name only
+    when every variant it averages ran; one variant, its name (``FWE``, not ``CWE``, when only
+    frequent-word extraction ran); some, ``NIAH (5 of 8)``. ``average`` stays itself."""
+    members = RULER_GROUPS.get(group)
+    if members is None:
+        return group
+    ran = [t for t in members if t in tried]
+    if len(ran) == len(members) or not ran:
+        return group
+    if len(ran) == 1:
+        return ran[0] if "_" in ran[0] else ran[0].upper()
+    return f"{group} ({len(ran)} of {len(members)})"
+
+
+def length_label(length: int, train_len: int | None, unit: str = "") -> str:
+    """``512 (4x)`` (``512 tokens (4x)`` with ``unit=" tokens"``): a length with its multiple of
+    the training context, so no length is read without it (none when that is unknown)."""
+    return f"{length}{unit}" + (f" ({length / train_len:g}x)" if train_len else "")
 
 
 def ruler_groups(run: dict, field: str = "nll") -> dict[str, dict[int, dict[str, float | None]]]:

@@ -2,9 +2,10 @@
 
 RULER (Hsieh et al., 2024, "RULER: What's the Real Context Size of Your Long-Context Language Models?")
 builds retrieval / tracking / aggregation / QA tasks at a chosen context length. The paper evaluates its
-small base models at 4k and 8k tokens (2x and 4x the training length) with the **negative
-log-likelihood of the gold answer**, since such models score near zero accuracy. This module rebuilds
-the task families with the model's own tokenizer, offline and deterministically:
+small base models at 4k and 8k tokens (4x and 8x their 1024-token training length) by NLL; that it is
+the **negative log-likelihood of the gold answer** (such models score near zero accuracy) is this
+project's reading, one of the choices listed in ``docs/choices.md``. This module rebuilds the task
+families with the model's own tokenizer, offline and deterministically:
 
 - ``niah_*``: needle in a haystack. ``single_1``: number needle in repeated filler sentences;
   ``single_2``: number needle in a text haystack (the corpus you pass); ``single_3``: uuid-like needle in

@@ -11,11 +11,16 @@ The record it returns is the per-model entry of ``rove compare``'s ``results.jso
      "ppl_scaled": {"yarn": {"256": 6.3, ...}},       # lengths beyond training only
      "ppl_ci": {"none": {"256": [6.9, 7.3]}, ...},    # bootstrap 95% interval over windows
      "ppl_windows": {"256": 32, ...},                 # windows scored per length
+     "ppl_documents": {"256": 30, ...},               # documents those windows start in
+     "ppl_ci_unit": {"256": "document", ...},         # what the interval resampled
      "position_loss": {"none": {"2048": {...}}},      # loss by position bucket, every length
      "ruler": {"none": {task: {"512": {"nll", "accuracy", "n_samples", "error"}}}, "yarn": {...}},
      "ruler_not_run": {task: reason},                 # the 13 RULER tasks that did not run
      "icl": {"mean_centered": 0.1, "tasks": {...}, "skipped": {task: reason}},
      "not_run": {"core": "no bundle ..."}, "core": {...}}  # core only with a bundle
+
+``evaluate_checkpoint`` adds what was scored: ``data`` holds the held-out set's size in
+``documents`` and ``tokens``, read from the data manifest (``split_documents`` / ``tokens``).
 """
 
 from __future__ import annotations
@@ -185,7 +190,8 @@ def evaluate_model(
     progress = progress and interactive()
     record: dict[str, Any] = {"train_len": model.config.block_size}
     if cfg.ppl:
-        record |= _ppl_record(model, tokens, cfg, progress=progress)
+        eot = getattr(tokenizer, "eot_token", None)
+        record |= _ppl_record(model, tokens, cfg, eot_token=eot, progress=progress)
     if cfg.ruler:
         record |= _ruler_record(model, tokenizer, tokens, cfg, progress=progress)
     if cfg.icl:
@@ -197,11 +203,17 @@ def evaluate_model(
 
 
 def _ppl_record(
-    model: LanguageModel, tokens: np.ndarray, cfg: EvalConfig, *, progress: bool
+    model: LanguageModel,
+    tokens: np.ndarray,
+    cfg: EvalConfig,
+    *,
+    eot_token: int | None,
+    progress: bool,
 ) -> dict[str, Any]:
     """Perplexity by length: ``ppl`` plain at every length, ``ppl_scaled`` only beyond the
-    training length (where scaling changes anything), and the intervals, window counts and
-    position losses of every cell; ``ppl_errors`` / ``ppl_notes`` only when some cell has one."""
+    training length (where scaling changes anything), and the intervals (resampling documents
+    delimited by ``eot_token``), window and document counts and position losses of every cell;
+    ``ppl_errors`` / ``ppl_notes`` only when some cell has one."""
     train_len = model.config.block_size
     cells = perplexity_vs_length(
         model,
@@ -211,6 +223,7 @@ def _ppl_record(
         max_tokens_per_length=cfg.ppl_tokens,
         min_windows=cfg.ppl_min_windows,
         batch_size=cfg.batch_size,
+        eot_token=eot_token,
         progress=progress,
     )["results"]  # {None (plain) | scaling: {length: cell}}
     plain = cells[None]
@@ -224,6 +237,8 @@ def _ppl_record(
             scaling_key(k): {str(n): r["ppl_ci"] for n, r in c.items()} for k, c in cells.items()
         },
         "ppl_windows": {str(n): r["n_windows"] for n, r in plain.items()},
+        "ppl_documents": {str(n): r["n_documents"] for n, r in plain.items()},
+        "ppl_ci_unit": {str(n): r["ci_unit"] for n, r in plain.items()},
         "position_loss": {
             scaling_key(kind): {
                 str(n): {"buckets": r["position_buckets"], "loss": r["position_loss"]}
@@ -345,18 +360,20 @@ def _held_out_tokens(
         check_tokenizer_identity,
         data_identity,
         default_data_dir,
+        held_out_size,
         load_manifest,
         load_split_tokens,
         tokenize_source,
         verify_data_identity,
     )
-    from rove.data.prepare import MANIFEST_NAME
+    from rove.data.prepare import DEFAULT_VAL_FRACTION, MANIFEST_NAME
 
     if data is not None and data_dir is not None:
         raise ValueError("give --data (raw held-out text) or --data-dir (prepared), not both")
     if data is not None:
         tokens = tokenize_source(data, tokenizer, max_tokens=HELD_OUT_MAX_TOKENS)
-        return tokens, {"source": data, "tokens": int(tokens.size)}
+        documents = int(np.count_nonzero(tokens == tokenizer.eot_token))  # one opens each
+        return tokens, {"source": data, "documents": documents, "tokens": int(tokens.size)}
     recorded = meta.get("data")
     if data_dir is None and isinstance(recorded, dict):
         folder = verify_data_identity(recorded)
@@ -370,6 +387,7 @@ def _held_out_tokens(
                 train_cfg["data"],
                 train_cfg["tokenizer"],
                 max_tokens=train_cfg.get("data_max_tokens"),
+                val_fraction=train_cfg.get("data_val_fraction") or DEFAULT_VAL_FRACTION,
             )
         )
         if not (folder / MANIFEST_NAME).is_file():
@@ -377,10 +395,13 @@ def _held_out_tokens(
                 f"{folder}: the checkpoint's data folder was not found (relative to "
                 f"{Path.cwd()}); pass it with --data-dir, or held-out text with --data"
             )
-    check_tokenizer_identity(
-        load_manifest(folder)["tokenizer"], tokenizer.identity(), f"data {folder}"
-    )
-    return load_split_tokens(folder, "val"), {**data_identity(folder), "split": "val"}
+    manifest = load_manifest(folder)
+    check_tokenizer_identity(manifest["tokenizer"], tokenizer.identity(), f"data {folder}")
+    return load_split_tokens(folder, "val"), {
+        **data_identity(folder),
+        "split": "val",
+        **held_out_size(manifest),
+    }
 
 
 def evaluate_checkpoint(

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from rove.eval.records import ruler_groups, scaled_label, scaling_key, scaling_kind
+from functools import partial
+
+from rove.eval.records import (
+    group_header,
+    length_label,
+    ruler_groups,
+    ruler_variants,
+    scaled_label,
+    scaling_key,
+    scaling_kind,
+)
 
 __all__ = ["core_notes", "eval_summary_lines"]
 
@@ -35,8 +45,9 @@ def eval_summary_lines(record: dict) -> list[str]:
     lines: list[str] = []
     cis = record.get("ppl_ci", {})
     windows = record.get("ppl_windows", {})
+    at = partial(length_label, train_len=record.get("train_len"))
     for n, ppl in record.get("ppl", {}).items():
-        line = f"  ppl@{n}: {_num(ppl)}{_ci(cis.get(scaling_key(None), {}).get(n))}"
+        line = f"  ppl@{at(int(n))}: {_num(ppl)}{_ci(cis.get(scaling_key(None), {}).get(n))}"
         if n in windows:
             line += f" ({windows[n]} windows)"
         for kind, cells in record.get("ppl_scaled", {}).items():
@@ -45,11 +56,12 @@ def eval_summary_lines(record: dict) -> list[str]:
         lines.append(line)
     for key, why in {**record.get("ppl_errors", {}), **record.get("ppl_notes", {})}.items():
         lines.append(f"  ppl {key}: {why}")
+    tried = ruler_variants([record])
     for key, by_length in ruler_groups(record).items():
         title = scaled_label("RULER answer NLL", scaling_kind(key))
         for n, groups in by_length.items():
-            cells = "  ".join(f"{g} {_num(v)}" for g, v in groups.items())
-            lines.append(f"  {title} @{n}: {cells}")
+            cells = "  ".join(f"{group_header(g, tried)} {_num(v)}" for g, v in groups.items())
+            lines.append(f"  {title} @{at(n)}: {cells}")
     ran = sorted({t for tasks in record.get("ruler", {}).values() for t in tasks})
     not_run = record.get("ruler_not_run", {})
     if ran:

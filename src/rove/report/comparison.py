@@ -17,9 +17,12 @@ from rove import run_files
 from rove.atomic import write_text_atomic
 from rove.eval.records import (
     dig,
+    group_header,
+    length_label,
     ruler_cells,
     ruler_groups,
     ruler_lengths,
+    ruler_variants,
     scaled_label,
     scaling_key,
     scaling_kind,
@@ -36,10 +39,13 @@ from rove.report.plots import (
     plot_training_curves,
 )
 from rove.report.recovery import (
+    END_POINTS,
     SeedRecovery,
     caught_up_text,
     end_paired,
+    end_text,
     init_from,
+    noise_text,
     reached_text,
     recoveries,
     recovery_findings,
@@ -48,7 +54,17 @@ from rove.report.recovery import (
 )
 from rove.stats import MIN_TEST_N, Summary, paired, summarize
 
-__all__ = ["Metric", "metrics_of", "render_report", "write_report"]
+__all__ = [
+    "PROJECT_CHOICES",
+    "Metric",
+    "held_out_line",
+    "metrics_of",
+    "render_report",
+    "write_report",
+]
+
+# where the choices this project made (and the paper did not) are listed, named in reports
+PROJECT_CHOICES = "docs/choices.md"
 
 
 @dataclass(frozen=True)
@@ -71,25 +87,31 @@ def _lengths(runs: list[dict], *keys: str) -> list[int]:
     return sorted(out)
 
 
+def _train_len(runs: list[dict]) -> int | None:
+    return runs[0].get("train_len") if runs else None
+
+
 def metrics_of(runs: list[dict]) -> list[Metric]:
-    """Every metric present in the runs, in report order."""
+    """Every metric present in the runs, in report order, each length with its multiple of the
+    training context and each RULER column named for the variants that ran."""
     out: list[Metric] = []
+    at = partial(length_label, train_len=_train_len(runs))
     if any("icl" in r for r in runs):
         out.append(Metric("ICL centered acc", _value_at("icl", "mean_centered"), False))
     if any("core" in r for r in runs):
         out.append(Metric("CORE", _value_at("core", "core"), False))
     for n in _lengths(runs, "ppl"):
-        out.append(Metric(f"PPL@{n}", _value_at("ppl", str(n)), True))
+        out.append(Metric(f"PPL@{at(n)}", _value_at("ppl", str(n)), True))
     kinds = sorted({k for r in runs for k in r.get("ppl_scaled", {})})
     for kind in kinds:
         for n in _lengths(runs, "ppl_scaled", kind):
-            out.append(
-                Metric(scaled_label(f"PPL@{n}", kind), _value_at("ppl_scaled", kind, str(n)), True)
-            )
+            name = scaled_label(f"PPL@{at(n)}", kind)
+            out.append(Metric(name, _value_at("ppl_scaled", kind, str(n)), True))
+    tried = ruler_variants(runs)
     for kind, n, group in _ruler_columns(runs):
         out.append(
             Metric(
-                f"RULER {scaled_label(group, kind)}@{n} NLL",
+                f"RULER {scaled_label(group_header(group, tried), kind)}@{at(n)} NLL",
                 partial(_group_value, kind=kind, length=n, group=group),
                 True,
             )
@@ -157,7 +179,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def _main_table(runs: list[dict]) -> list[str]:
     train_len = runs[0]["train_len"]
     in_dist = [n for n in _lengths(runs, "ppl") if n <= train_len][-2:]
-    header = ["method", "ICL (centered)"] + [f"PPL@{n}" for n in in_dist]
+    header = ["method", "ICL (centered)"] + [f"PPL@{length_label(n, train_len)}" for n in in_dist]
     rows = []
     for label in _labels(runs):
         row = [label, _cell(runs, label, _value_at("icl", "mean_centered"), 4)]
@@ -188,14 +210,33 @@ def _ood_table(runs: list[dict]) -> list[str]:
     return _table(header, rows)
 
 
+def _per_length(runs: list[dict], key: str) -> dict[int, list]:
+    """The distinct values of ``run[key][length]`` over the runs, by perplexity length."""
+    return {n: sorted({r.get(key, {}).get(str(n)) for r in runs} - {None})
+            for n in _lengths(runs, "ppl")}  # fmt: skip
+
+
 def _ppl_notes(runs: list[dict]) -> list[str]:
-    """Windows per length, the within-run (window bootstrap) noise, and unmeasured cells."""
-    windows = {n: sorted({r.get("ppl_windows", {}).get(str(n)) for r in runs} - {None})
-               for n in _lengths(runs, "ppl")}  # fmt: skip
+    """Windows (and the documents they start in) per length, the within-run noise and what it
+    resampled, and unmeasured cells."""
+    windows, docs = _per_length(runs, "ppl_windows"), _per_length(runs, "ppl_documents")
+    units = {u for us in _per_length(runs, "ppl_ci_unit").values() for u in us}
+    at = partial(length_label, train_len=_train_len(runs))
     lines = []
     if any(windows.values()):
-        parts = [f"{n}: {'/'.join(map(str, w))}" for n, w in windows.items() if w]
+        parts = [f"{at(n)}: {'/'.join(map(str, w))}" for n, w in windows.items() if w]
         lines.append(f"Windows scored per length: {', '.join(parts)}.")
+    if any(docs.values()):
+        parts = [f"{at(n)}: {'/'.join(map(str, d))}" for n, d in docs.items() if d]
+        lines.append(f"Documents those windows start in: {', '.join(parts)}.")
+    resampled = (
+        "documents, each with all its windows (a cluster bootstrap: windows of one document "
+        "are not independent samples of held-out text)"
+        if units == {"document"}
+        else "windows (the windows' documents were not recorded)"
+        if not units or units == {"window"}
+        else "documents where the windows' documents were recorded, else windows"
+    )
     widths = []
     for n in _lengths(runs, "ppl"):
         rel = [
@@ -204,11 +245,12 @@ def _ppl_notes(runs: list[dict]) -> list[str]:
             if (ci := _ppl_ci(None, n)(r)) and (ppl := dig(r, "ppl", str(n)))
         ]
         if rel:
-            widths.append(f"{n}: ±{100 * summarize(rel).mean:.1f}%")
+            widths.append(f"{at(n)}: ±{100 * summarize(rel).mean:.1f}%")
     if widths:
         lines.append(
-            "Within-run noise (half-width of the 95% bootstrap interval over windows, relative, "
-            f"mean over runs): {', '.join(widths)}. With one seed, cells show that interval."
+            "Within-run noise (half-width of the 95% bootstrap interval, relative, mean over "
+            f"runs): {', '.join(widths)}. The bootstrap resamples {resampled}. With one seed, "
+            "cells show that interval."
         )
     reasons = _reasons(runs, lambda r: {**r.get("ppl_errors", {}), **r.get("ppl_notes", {})})
     if reasons:
@@ -230,6 +272,11 @@ def _ruler_section(runs: list[dict]) -> list[str]:
     ]
 
 
+def _tokens(n: int, runs: list[dict]) -> str:
+    """``512 tokens (4x)``: a length in words, with its multiple of the training context."""
+    return length_label(n, _train_len(runs), " tokens")
+
+
 def _ruler_kinds(runs: list[dict]) -> list[str | None]:
     """The scalings RULER ran under (None = plain), in first-seen order."""
     return list(dict.fromkeys(scaling_kind(k) for r in runs for k in r.get("ruler", {})))
@@ -237,7 +284,7 @@ def _ruler_kinds(runs: list[dict]) -> list[str | None]:
 
 def _ruler_variants_ran(runs: list[dict]) -> list[str]:
     """Every task variant any run tried, under any scaling, sorted."""
-    return sorted({t.split(" +")[0] for r in runs for t in ruler_cells(r)})
+    return sorted(ruler_variants(runs))
 
 
 def _ruler_reading_guide(runs: list[dict]) -> list[str]:
@@ -252,17 +299,33 @@ def _ruler_reading_guide(runs: list[dict]) -> list[str]:
         lines.append(
             f"Samples per task and length: {'/'.join(map(str, samples))}"
             f"{few if max(samples) < 100 else ''}. Small base models score near zero greedy "
-            "accuracy; as in the paper, the answer NLL (nats/token of the gold answer, lower is "
-            "better) is the informative metric (`+yarn`: YaRN applied at inference)."
+            "accuracy, so the informative metric is the NLL (the paper scores RULER by NLL; that "
+            "it is the gold answer's, in nats/token, lower is better, is this project's reading, "
+            f"listed in {PROJECT_CHOICES}) (`+yarn`: YaRN applied at inference)."
         )
-    groups = "; ".join(f"{g} = mean of {', '.join(m)}" for g, m in RULER_GROUPS.items())
+    tried = ruler_variants(runs)
+    columns = "; ".join(_column_text(g, tried) for g, m in RULER_GROUPS.items() if set(m) & tried)
     return [
         *lines,
         "",
-        f"Groups (the paper's columns): {groups}; each group averages the variants that ran, "
-        "unweighted; average = unweighted mean of the groups with a value.",
+        f"Columns (the paper's groups, each named for the variants that ran): {columns or 'none'}; "
+        "a column averages its variants unweighted; average = unweighted mean of the columns "
+        "with a value.",
         "",
     ]
+
+
+def _column_text(group: str, tried: set[str]) -> str:
+    """``FWE = fwe (the paper's CWE column also holds cwe: not run)``: what a column averages."""
+    members = RULER_GROUPS[group]
+    ran = [t for t in members if t in tried]
+    header = group_header(group, tried)
+    held = ran[0] if len(ran) == 1 else f"mean of {', '.join(ran)}"
+    text = header if header == held else f"{header} = {held}"
+    missing = [t for t in members if t not in tried]
+    if missing:
+        text += f" (the paper's {group} column also holds {', '.join(missing)}: not run)"
+    return text
 
 
 def _ruler_coverage(runs: list[dict]) -> list[str]:
@@ -304,10 +367,12 @@ def _ruler_group_tables(runs: list[dict]) -> list[str]:
     """The paper's group columns, one table per metric (NLL, then accuracy) and length, a row
     per method and scaling; the columns are the groups present under the first scaling."""
     kinds = _ruler_kinds(runs)
+    tried = ruler_variants(runs)
     lines = []
     for field, title in (("nll", "answer NLL, lower is better"), ("accuracy", "greedy accuracy")):
         for n in ruler_lengths(runs):
             cols = [g for k, m, g in _ruler_columns(runs) if m == n and k == kinds[0]]
+            names = [group_header(g, tried) for g in cols]
             rows = [
                 [scaled_label(label, kind)]
                 + [
@@ -322,9 +387,9 @@ def _ruler_group_tables(runs: list[dict]) -> list[str]:
                 for label in _labels(runs)
             ]
             lines += [
-                f"RULER groups at {n} tokens ({title}):",
+                f"RULER columns at {_tokens(n, runs)} ({title}):",
                 "",
-                *_table(["method", *cols], rows),
+                *_table(["method", *names], rows),
                 "",
             ]
     return lines
@@ -344,7 +409,7 @@ def _ruler_variant_tables(runs: list[dict]) -> list[str]:
             ]
             for task in _ruler_variants_ran(runs)
         ]
-        lines += [f"Per-variant answer NLL at {n} tokens:", "", *_table(header, rows), ""]
+        lines += [f"Per-variant answer NLL at {_tokens(n, runs)}:", "", *_table(header, rows), ""]
     return lines
 
 
@@ -500,6 +565,22 @@ def findings(results: dict) -> list[str]:
     ]
 
 
+def held_out_line(runs: list[dict]) -> str:
+    """The size of the text every perplexity and interval rests on, as each run's evaluation
+    recorded it (from the data manifest, ``rove.data.held_out_size``)."""
+    data = [r.get("data") or {} for r in runs]
+    docs, tokens = _span([d.get("documents") for d in data]), _span([d.get("tokens") for d in data])
+    if docs == tokens == "?":
+        return "Held-out set: its size was not recorded (an evaluation from before it was)."
+    if all(d.get("split") == "val" for d in data):
+        what = "the prepared data's val split: whole documents no model trained on; sizes from its manifest"
+    else:
+        what = "held-out text: " + ", ".join(
+            sorted({str(d.get("source", d.get("dir", "?"))) for d in data})
+        )
+    return f"Held-out set: {docs} documents, {tokens} tokens ({what})."
+
+
 def _span(values: list, fmt: str = ",") -> str:
     """``1,000`` if every run has the same value, ``500-1,000`` if not, ``?`` if none has one."""
     known = sorted({v for v in values if v is not None})
@@ -535,24 +616,30 @@ def _signed(s: Summary) -> str:
     return f"{s.mean:+.4f}" + (f" ± {s.std:.4f}" if s.n > 1 else "")
 
 
+def _steps_cell(steps: list[int]) -> str:
+    return "n/a" if not steps else str(steps[0]) if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
+
+
 def _recovery_row(r: SeedRecovery) -> list[str]:
     return [
-        str(r.seed), _num(r.input_loss), _num(r.converted_loss),
-        "n/a" if r.end_step is None else str(r.end_step), _num(r.end_baseline),
-        _num(r.end_method), _num(r.end_gap, sign="+"), reached_text(r), caught_up_text(r),
+        str(r.seed), _num(r.input_loss), _num(r.converted_loss), _steps_cell(list(r.end_steps)),
+        _num(r.end_baseline), _num(r.end_method), _num(r.end_gap, sign="+"),
+        "n/a" if r.gap_noise is None else f"±{r.gap_noise:.4f}", reached_text(r), caught_up_text(r),
     ]  # fmt: skip
 
 
 def _recovery_mean_row(recs: list[SeedRecovery], gap: Summary) -> list[str]:
     """Means ± std over seeds; the step columns say how many seeds got there, by which step."""
-    ends = sorted({r.end_step for r in recs if r.end_step is not None})
+    ends = sorted({s for r in recs for s in r.end_steps})
+    noise = summarize([r.gap_noise for r in recs])
     return [
         "mean",
         *(summarize([getattr(r, f) for r in recs]).fmt(4)
           for f in ("input_loss", "converted_loss")),
-        "n/a" if not ends else str(ends[0]) if len(ends) == 1 else f"{ends[0]}-{ends[-1]}",
+        _steps_cell(ends),
         *(summarize([getattr(r, f) for r in recs]).fmt(4) for f in ("end_baseline", "end_method")),
         _signed(gap),
+        f"±{noise.mean:.4f}" if noise.n else "n/a",
         seeds_cell(recs, "reached"),
         seeds_cell(recs, "caught_up"),
     ]  # fmt: skip
@@ -570,7 +657,12 @@ def _recovery_section(
         f"{', '.join(_converted(runs, baseline))} continues it "
         f"{_how_converted(runs, baseline)}. The arms "
         "of a seed see the same tokens in the same order under the same schedule; losses are "
-        "compared at equal validation steps, the end is the last step both arms validated. "
+        f"compared at equal validation steps. The end is the mean of the last {END_POINTS} "
+        "validations both arms have after step 0 (at most the second half of them), not the "
+        "last one alone: each validation "
+        "scores a small sample, and the gap moves between validations by about as much as an "
+        "end gap (the step-to-step noise column: the root mean square of the gap's change "
+        "between successive validations over the second half of the run). "
         "\"reaches the input's loss\": the first validation step at or below the input model's "
         f'loss; "at or below {baseline} from": the first step from which it stays at or below '
         f"{baseline} at every later common step.",
@@ -579,8 +671,9 @@ def _recovery_section(
         recs = recoveries(runs, label, baseline)
         header = [
             "seed", f"input model ({baseline}, step 0)", f"{label} just converted (step 0)",
-            "end step", f"{baseline} at the end", f"{label} at the end",
-            f"{label} - {baseline} at the end", f"{label} reaches the input's loss",
+            "end steps", f"{baseline} at the end", f"{label} at the end",
+            f"{label} - {baseline} at the end", "step-to-step noise of the gap",
+            f"{label} reaches the input's loss",
             f"{label} at or below {baseline} from",
         ]  # fmt: skip
         rows = [_recovery_row(r) for r in recs]
@@ -590,9 +683,10 @@ def _recovery_section(
         if (p := end_paired(recs)).n:
             lines += [
                 "",
-                f"Paired over seeds, {label} - {baseline} at the end: {_signed(p.diff)}; "
-                f"{'95% CI ' if p.n > 1 else ''}{p.ci_text(4)}; {p.test_text()}; {label} better/worse in {p.wins}/{p.losses} "
-                f"of {p.n} seeds.",
+                f"Paired over seeds, {label} - {baseline} over {end_text(recs)}: "
+                f"{_signed(p.diff)}; {'95% CI ' if p.n > 1 else ''}{p.ci_text(4)}; "
+                f"{p.test_text()}; {label} better/worse in {p.wins}/{p.losses} of {p.n} seeds; "
+                f"{noise_text(recs)}.",
             ]
         missing = [f"- seed {r.seed}: {m}" for r in recs for m in r.missing]
         if missing:
@@ -627,6 +721,8 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         *([_finetune_line(runs, baseline, source), ""] if source else []),
         f"Methods: {', '.join(labels)}; seeds: {seeds}; training length {runs[0]['train_len']} "
         f"tokens. {results.get('setup', '')}".strip(),
+        "",
+        held_out_line(runs),
         "",
         "## What we found",
         "",
@@ -685,9 +781,26 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
             for label in labels
         ],
     )
+    lines += [] if source else _val_gap_lines(runs, baseline)  # a finetune's: its Recovery
     for caption, name in figures.items():
         lines += ["", f"### {caption}", "", f"![{caption}]({name})"]
     return "\n".join(lines) + "\n"
+
+
+def _val_gap_lines(runs: list[dict], baseline: str) -> list[str]:
+    """The validation-loss gap at the end of training: over the last validations (not the last
+    one alone), with its step-to-step noise, so a "final val loss" is not read as one draw."""
+    lines = []
+    for label in [x for x in _labels(runs) if x != baseline]:
+        recs = recoveries(runs, label, baseline)
+        if (p := end_paired(recs)).n:
+            lines.append(
+                f"Validation loss, {label} - {baseline} over {end_text(recs)}: "
+                f"{_signed(p.diff)} ({p.test_text()}); {noise_text(recs)}. The final "
+                "validation is one small sample: the perplexities above score the end on the "
+                "whole evaluation's windows."
+            )
+    return ["", *lines] if lines else []
 
 
 def write_report(results: dict, out_dir: str | Path) -> Path:

@@ -16,7 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from rove._extras import needs_extra
-from rove.eval.records import ruler_groups, ruler_lengths, scaled_label, scaling_key, scaling_kind
+from rove.eval.records import (
+    group_header,
+    length_label,
+    ruler_groups,
+    ruler_lengths,
+    ruler_variants,
+    scaled_label,
+    scaling_key,
+    scaling_kind,
+)
 from rove.report.recovery import val_curve
 from rove.stats import summarize
 
@@ -238,6 +247,7 @@ def plot_ruler(runs: list[dict], path: Path) -> Path:
     if not lengths:
         raise ValueError("no RULER value to plot: every cell failed or none ran")
     labels = _labels(runs)
+    tried = ruler_variants(runs)
     fig, axes = plt.subplots(
         1, len(lengths), figsize=(1.5 + 4.5 * len(lengths), 4.2), squeeze=False
     )
@@ -268,9 +278,10 @@ def plot_ruler(runs: list[dict], path: Path) -> Path:
                 label=scaled_label(lab, scaling_kind(kind)),
             )
         ax.set_xticks(np.arange(len(groups)) + width * (len(series) - 1) / 2)
-        ax.set_xticklabels(groups)
+        ax.set_xticklabels([group_header(g, tried) for g in groups])  # what ran
         ax.set_ylabel("answer NLL (nats/token, lower is better)")
-        ax.set_title(f"RULER groups at {n} tokens (error bars: std over seeds)", fontsize=10)
+        at = length_label(n, runs[0].get("train_len"), " tokens")
+        ax.set_title(f"RULER at {at} (error bars: std over seeds)", fontsize=10)
         ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.08), ncol=len(series))
     return _save(fig, path)
 

@@ -8,16 +8,26 @@ step-0 loss is the input model's, another arm's step-0 loss is the just-converte
 
 Runs may lack validation steps (an interrupted run, another ``eval_interval``): only steps both
 arms have are compared, and what could not be paired is said in words, never guessed.
+
+The end is not one validation: each validation scores a small sample of held-out tokens, and
+the gap between the arms moves from one to the next by about as much as a typical end gap. The
+end is therefore the mean of the last ``END_POINTS`` common validations after step 0 (fewer
+when the run has fewer than twice as many: the end never reaches into its first half), and the
+gap's step-to-step noise (the root mean square of its change between successive common
+validations over the second half of the run) is given beside it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import statistics
 from dataclasses import dataclass
 
 from rove.stats import Paired, paired, summarize
 
 __all__ = [
+    "END_POINTS",
     "SeedRecovery",
     "caught_up_text",
     "end_paired",
@@ -28,6 +38,9 @@ __all__ = [
     "seeds_cell",
     "val_curve",
 ]
+
+
+END_POINTS = 3  # validations averaged for a run's end (at most the second half of them)
 
 
 def init_from(results: dict) -> str | None:
@@ -53,16 +66,18 @@ class SeedRecovery:
     input_loss: float | None  # the baseline's step-0 loss: the input model
     converted_loss: float | None  # the arm's step-0 loss: just converted
     end_step: int | None  # the last validation step both arms have
-    end_baseline: float | None
-    end_method: float | None
+    end_baseline: float | None  # mean over end_steps
+    end_method: float | None  # mean over end_steps
     reached: int | None  # first validation step with a loss <= input_loss
     last_step: int | None  # the arm's last validation step: "not within N steps"
     caught_up: int | None  # first common step from which the arm is <= baseline at every later one
     missing: tuple[str, ...]  # what could not be paired, one phrase each
+    end_steps: tuple[int, ...] = ()  # the common steps the end averages (see END_POINTS)
+    gap_noise: float | None = None  # rms step-to-step change of the gap, second half of the run
 
     @property
     def end_gap(self) -> float | None:
-        """Arm minus baseline at ``end_step`` (positive: the converted arm is worse)."""
+        """Arm minus baseline over ``end_steps`` (positive: the converted arm is worse)."""
         if self.end_method is None or self.end_baseline is None:
             return None
         return self.end_method - self.end_baseline
@@ -105,19 +120,28 @@ def _seed_recovery(
         if m[s] > b[s]:
             break
         caught_up = s
-    end = common[-1] if common else None
+    later = [s for s in common if s > 0] or common
+    ends = later[-min(END_POINTS, max(1, len(later) // 2)) :]  # never the recovery's first half
     return SeedRecovery(
         seed=seed,
         input_loss=input_loss,
         converted_loss=m.get(0),
-        end_step=end,
-        end_baseline=b.get(end) if end is not None else None,
-        end_method=m.get(end) if end is not None else None,
+        end_step=ends[-1] if ends else None,
+        end_baseline=statistics.fmean(b[s] for s in ends) if ends else None,
+        end_method=statistics.fmean(m[s] for s in ends) if ends else None,
         reached=reached,
         last_step=max(m) if m else None,
         caught_up=caught_up,
         missing=tuple(missing),
+        end_steps=tuple(ends),
+        gap_noise=_gap_noise([m[s] - b[s] for s in later[len(later) // 2 :]]),
     )
+
+
+def _gap_noise(gaps: list[float]) -> float | None:
+    """Root mean square of the change between successive gaps (None with fewer than two)."""
+    steps = [b - a for a, b in itertools.pairwise(gaps)]
+    return math.sqrt(statistics.fmean(d * d for d in steps)) if steps else None
 
 
 def recoveries(runs: list[dict], label: str, baseline: str) -> list[SeedRecovery]:
@@ -172,6 +196,31 @@ def seeds_cell(recs: list[SeedRecovery], step_of: str) -> str:
     return f"{which} {len(recs)} seeds, by step {max(done)}"
 
 
+def end_text(recs: list[SeedRecovery]) -> str:
+    """Which validations the end averages: ``the last 3 validations (steps 60, 70, 80)``."""
+    windows = sorted({r.end_steps for r in recs if r.end_steps})
+    if not windows:
+        return "the end"
+    if len(windows) == 1:
+        (steps,) = windows
+        which = "validation" if len(steps) == 1 else f"{len(steps)} validations"
+        return (
+            f"the last {which} (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})"
+        )
+    return "the last validations both arms have (they differ by seed: see the table)"
+
+
+def noise_text(recs: list[SeedRecovery]) -> str:
+    """The gap's step-to-step noise in words, or that there were too few validations for it."""
+    noise = summarize([r.gap_noise for r in recs])
+    if not noise.n:
+        return "too few validations to measure the gap's step-to-step noise"
+    return (
+        f"the gap moves by ±{noise.mean:.4f} nats from one validation to the next (root mean "
+        f"square over the second half of the run, mean over {noise.n} seed(s))"
+    )
+
+
 def end_paired(recs: list[SeedRecovery]) -> Paired:
     """The arm minus the baseline at the end, paired over the seeds where both have an end."""
     ended = [r for r in recs if r.end_gap is not None]
@@ -204,12 +253,7 @@ def recovery_findings(recs: list[SeedRecovery], label: str, baseline: str) -> li
     ended = [r for r in recs if r.seed in gaps]
     if ended:
         p = end_paired(recs)
-        steps = sorted({r.end_step for r in ended if r.end_step is not None})
-        at = (
-            f"At the end (step {steps[0]})"
-            if len(steps) == 1
-            else f"At the last step both arms validated ({_by_step(ended, 'end_step')})"
-        )
+        at = f"Over {end_text(ended)}"
         gap = p.diff.mean
         if gap > 0:
             verdict = f"{label} is worse than continued {baseline} by {gap:.4f} nats"
@@ -225,7 +269,7 @@ def recovery_findings(recs: list[SeedRecovery], label: str, baseline: str) -> li
         seeds = "; ".join(f"{word} in {_seeds(rs)}" for word, rs in sides if rs)
         lines.append(
             f"- {at}, {verdict} of validation loss (mean over {p.n} seed(s); "
-            f"{seeds}; {p.test_text()})."
+            f"{seeds}; {p.test_text()}); {noise_text(ended)}."
         )
         caught = [r for r in ended if r.caught_up is not None]
         never = [r for r in ended if r.caught_up is None]

@@ -110,6 +110,9 @@ def build_parser(
     )
     g.add_argument("--data-dir", help="prepared data folder; default: rove's data cache")
     g.add_argument("--data-max-tokens", type=int, help="prepare at most this many tokens")
+    g.add_argument(
+        "--data-val-fraction", type=float, help="share of documents held out (default 0.01)"
+    )
     g.add_argument("--seq-len", type=int, help="training context; default: the preset's")
     g.add_argument(
         "--scaling",

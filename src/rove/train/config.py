@@ -191,6 +191,8 @@ class TrainConfig:
     tokenizer: str | None = None  # "gpt2" | "byte" | "hf:PATH"; None = data_dir's, else recipe's
     data_dir: str | None = None  # prepared data folder; None = rove.data.default_data_dir(...)
     data_max_tokens: int | None = None  # cap on tokens prepared (train + val); None = whole corpus
+    # share of documents held out (the val split); None = rove.data's default (1%)
+    data_val_fraction: float | None = None
     seq_len: int | None = None  # training context (the model's block_size); None = preset's
     # --- batch and length ---
     tokens_per_step: int | None = None  # global batch in tokens per optimizer step
@@ -278,6 +280,9 @@ class TrainConfig:
         for name in ("seq_len", "tokens_per_step", "micro_batch", "max_steps", "token_budget"):
             _positive_int(name, getattr(self, name), optional=True)
         _positive_int("data_max_tokens", self.data_max_tokens, optional=True)
+        fraction = self.data_val_fraction
+        if fraction is not None and not (_number(fraction) and 0 < fraction <= 0.5):
+            raise ValueError(f"data_val_fraction must be in (0, 0.5], got {fraction!r}")
         for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "keep_checkpoints"):
             _nonnegative_int(name, getattr(self, name), optional=name != "keep_checkpoints")
         _positive_int("eval_tokens", self.eval_tokens, optional=True)
@@ -585,6 +590,7 @@ def _finetune_defaults(values: dict, source: SourceModel) -> dict:
     if values["data"] is None and values["data_dir"] is None:
         values["data"], values["data_dir"] = stored.get("data"), stored.get("data_dir")
         values["data_max_tokens"] = values["data_max_tokens"] or stored.get("data_max_tokens")
+        values["data_val_fraction"] = values["data_val_fraction"] or stored.get("data_val_fraction")
     if values["tokenizer"] is None and values["data_dir"] is None:
         values["tokenizer"] = stored.get("tokenizer")
     if values["seq_len"] is None:

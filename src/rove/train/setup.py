@@ -39,7 +39,7 @@ from rove.data import (
     load_manifest,
     prepare_dataset,
 )
-from rove.data.prepare import MANIFEST_NAME
+from rove.data.prepare import DEFAULT_VAL_FRACTION, MANIFEST_NAME
 from rove.hf.any_model import model_from_config
 from rove.lock import LOCK_FILE, FolderLock, FolderLockedError, acquire
 from rove.model import GPT, GPTConfig
@@ -106,6 +106,12 @@ def configure_optimizer(
     )
 
 
+def _split_settings(cfg: ResolvedTrainConfig) -> dict:
+    """The preparation settings a run chooses: its token cap and its val share."""
+    fraction = cfg.data_val_fraction or DEFAULT_VAL_FRACTION
+    return {"max_tokens": cfg.data_max_tokens, "val_fraction": fraction}
+
+
 def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> tuple[Path, dict]:
     """(data folder, tokenizer identity); the data is prepared if it is not there yet.
 
@@ -117,11 +123,13 @@ def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> t
     data_dir = (
         Path(cfg.data_dir)
         if cfg.data_dir is not None
-        else default_data_dir(cfg.data, cfg.tokenizer, max_tokens=cfg.data_max_tokens)
+        else default_data_dir(cfg.data, cfg.tokenizer, **_split_settings(cfg))
     )
     prepared = (data_dir / MANIFEST_NAME).is_file()
     if info.distributed and not prepared:
         max_tokens = f" --max-tokens {cfg.data_max_tokens}" if cfg.data_max_tokens else ""
+        if cfg.data_val_fraction:
+            max_tokens += f" --val-fraction {cfg.data_val_fraction}"
         raise FileNotFoundError(
             f"{data_dir}: no prepared data; before a multi-process run prepare it once with "
             f"`rove data prepare --source {cfg.data} --tokenizer {cfg.tokenizer} "
@@ -134,7 +142,7 @@ def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> t
             cfg.data,
             data_dir,
             cfg.tokenizer,
-            max_tokens=cfg.data_max_tokens,
+            **_split_settings(cfg),
             workers=1
             if cfg.tokenizer == "byte"
             else None,  # bytes: a pool costs more than it saves
