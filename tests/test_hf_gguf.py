@@ -176,3 +176,24 @@ def test_bad_files_are_named(tmp_path):
         read_source(fake)
     with pytest.raises(FileNotFoundError, match="no such file"):
         read_source(tmp_path / "missing.gguf")
+
+
+@pytest.mark.slow  # prepares data and trains: ~40 s on 2 busy cores
+def test_a_finetune_continues_the_gguf_as_rove(gguf_file, tmp_path, monkeypatch):
+    """``rove finetune m.gguf``'s run: trains on data in the file's tokenizer, named after it."""
+    from rove.train import TrainConfig, train
+    from rove.train.source import load_any_model
+
+    path, _ = gguf_file
+    monkeypatch.setenv("ROVE_GGUF_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ROVE_DATA_DIR", str(tmp_path / "data"))
+    cfg = TrainConfig(
+        init_from=str(path), out_dir=str(tmp_path / "runs"), pos="rove", seq_len=32,
+        micro_batch=4, tokens_per_step=128, max_steps=2, eval_tokens=256, dtype="fp32",
+        data_max_tokens=20_000,
+    )  # fmt: skip
+    assert cfg.resolve().tokenizer == f"hf:{gguf_folder(path).resolve()}"
+    run_dir = train(cfg, progress=False)
+    assert run_dir.name == "tiny-llama.F32-rove-seed0"
+    model, _ = load_any_model(run_dir)
+    assert model.config.pos == "rove"
