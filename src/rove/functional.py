@@ -55,9 +55,11 @@ __all__ = [
     "RotarySpec",
     "attend",
     "attention",
+    "check_fraction",
     "check_pos",
     "document_mask",
     "document_runs",
+    "fraction_tables",
     "logit_temperature",
     "packing_mask",
     "position_tables",
@@ -65,6 +67,7 @@ __all__ = [
     "rotary_for",
     "rotate",
     "rotate_qkv",
+    "rotate_values",
     "token_positions",
     "unrotate",
 ]
@@ -127,6 +130,17 @@ def check_pos(pos: str) -> Pos:
     if not _is_pos(pos):
         raise ValueError(f"unknown position encoding {pos!r}; choose one of {POS_CHOICES}")
     return pos
+
+
+def check_fraction(fraction: float) -> float:
+    """The smooth conversion's a as a float in [0, 1]; a ValueError naming it otherwise."""
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, (int, float))
+        or not 0 <= fraction <= 1
+    ):
+        raise ValueError(f"the RoVE fraction must be a number in [0, 1], got {fraction!r}")
+    return float(fraction)
 
 
 def rotary_for(pos: Pos, rotary: RotarySpec | None, head_dim: int) -> RotarySpec | None:
@@ -204,6 +218,21 @@ def position_tables(
             made.append((p.tensor, found))
         out.append(found)
     return tuple(out)
+
+
+def fraction_tables(
+    rotary: RotarySpec, dtype: torch.dtype, at: Positions, fraction: float
+) -> Tables:
+    """The V/O tables of RoVE at a ``fraction`` a of its angles: ``R(a p)``, so every head is
+    still an attentive convolution, with kernels ``R(a (p_j - p_i)) W_V``, exactly RoPE at
+    a = 0 and RoVE at a = 1 (the smooth conversion of a RoPE model, ``rove finetune``).
+
+    The positions are scaled, not the frequencies: q and k's own frequencies (dynamic NTK's
+    length over the unscaled positions), and never YaRN's attention factor (tables carry none).
+    """
+    seq_len = at.length if at.length is not None else rotary.dynamic_length(at.tensor)
+    scaled = at.tensor.to(torch.float64) * fraction
+    return rotary.tables(scaled, table_dtype(dtype), seq_len=seq_len)
 
 
 # ---- step 3: the packing mask ----
@@ -318,6 +347,12 @@ def rotate(
     if pos == "rope":
         return q_rot, k_rot, k if v is None else v
     return q_rot, k_rot, k_rot if v is None else kernels.rotate(v, k_cos, k_sin, convention=conv)
+
+
+def rotate_values(v: torch.Tensor, tables: Tables, rotary: RotarySpec) -> torch.Tensor:
+    """RoVE's value rotation alone, on ``v`` ``(B, H, T, D)``: with V/O tables of their own
+    (``fraction_tables``), after q and k were rotated as RoPE's."""
+    return kernels.rotate(v, *tables, convention=rotary.convention)
 
 
 def rotate_qkv(

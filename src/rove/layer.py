@@ -17,11 +17,13 @@ from rove.functional import (
     RotarySpec,
     attend,
     check_pos,
+    fraction_tables,
     logit_temperature,
     packing_mask,
     position_tables,
     rotary_for,
     rotate_qkv,
+    rotate_values,
     token_positions,
     unrotate,
 )
@@ -77,6 +79,9 @@ class RoveAttention(nn.Module):
         n_proj = n_head + (1 if shared_kv else 2) * n_kv_head
         self.qkv = nn.Linear(d_model, n_proj * head_dim, bias=bias)
         self.proj = nn.Linear(n_head * head_dim, d_model, bias=bias)
+        # the smooth conversion's a (rove only): V and O rotate by a fraction of their angles,
+        # a runtime setting rather than a config field (``GPT.set_rove_fraction``)
+        self.rove_fraction = 1.0
 
     def _apply(
         self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
@@ -123,20 +128,29 @@ class RoveAttention(nn.Module):
         if tables is None and self.rotary is not None and self.pos != "nope":
             (tables,) = position_tables(self.rotary, x.dtype, at)
         mask = packing_mask(doc_ids, bsz, seq, seq, causal=self.causal)
+        a = self.rove_fraction if self.pos == "rove" else 1.0
+        qk_pos: Pos = "rope" if a != 1 else self.pos  # 0 < a < 1: V and O rotate apart
         q, k, v = rotate_qkv(
             self.qkv(x),  # (B, T, (Hq + 2 Hkv) D)
             tables,
-            pos=self.pos,
+            pos=qk_pos,
             rotary=self.rotary,
             n_head=self.n_head,
             n_kv_head=self.n_kv_head,
             shared_kv=self.shared_kv,
         )
+        vo_pos, vo_tables = self.pos, tables
+        if a == 0:  # exactly RoPE: no V/O rotation at all
+            vo_pos = "rope"
+        elif a != 1:
+            assert self.rotary is not None  # pos == "rove"
+            vo_tables = fraction_tables(self.rotary, x.dtype, at, a)
+            v = rotate_values(v, vo_tables, self.rotary)
         q, scale = logit_temperature(q, self.rotary, self.pos)
         if cache is not None:
             k, v = cache.update(layer_idx, k, v)
         out = attend(q, k, v, causal=self.causal, scale=scale, mask=mask)  # (B, Hq, T, D)
-        return self.proj(unrotate(out, tables, pos=self.pos, rotary=self.rotary, merge_heads=True))
+        return self.proj(unrotate(out, vo_tables, pos=vo_pos, rotary=self.rotary, merge_heads=True))
 
     def _check_cache_use(self, doc_ids: torch.Tensor | None) -> None:
         """A cache extends one sequence with keys rotated once: no packing, and frequencies

@@ -59,15 +59,21 @@ def _relative_rotations(
     k_pos: torch.Tensor,
     dim: int,
     seq_len: int,
+    fraction: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(score rotation, value kernel rotation), each ``(Tq, Tk, D, D)``, for one sequence."""
+    """(score rotation, value kernel rotation), each ``(Tq, Tk, D, D)``, for one sequence; the
+    value kernels of RoVE at a ``fraction`` a of its angles are ``R(a delta)``."""
     delta = k_pos[None, :] - q_pos[:, None]  # (Tq, Tk): p_j - p_i
     eye = torch.eye(dim, dtype=torch.float64).expand(*delta.shape, dim, dim)
     if pos == "nope":
         return eye, eye
     assert rotary is not None
     rot = rotation_matrix(rotary, delta, seq_len)
-    return rot, (rot if pos == "rove" else eye)
+    if pos != "rove":
+        return rot, eye
+    return rot, (
+        rot if fraction == 1 else rotation_matrix(rotary, delta.double() * fraction, seq_len)
+    )
 
 
 def _logit_weights(rotary: Rotary | None, pos: str, dim: int) -> tuple[torch.Tensor, float]:
@@ -110,10 +116,12 @@ def reference_attention(
     k_positions: torch.Tensor | None = None,
     doc_ids: torch.Tensor | None = None,
     scale: float | None = None,
+    fraction: float = 1.0,
 ) -> torch.Tensor:
     """Same contract as ``rove.attention``, computed pair by pair in float64.
 
-    ``score_ij = scale * q_i^T R_(p_j - p_i) k_j`` and ``y_i = sum_j A_ij psi_(p_j - p_i) v_j``.
+    ``score_ij = scale * q_i^T R_(p_j - p_i) k_j`` and ``y_i = sum_j A_ij psi_(p_j - p_i) v_j``;
+    under RoVE at a ``fraction`` a of its V/O angles, ``psi_delta = R(a delta)``.
     """
     check_pos(pos)
     bsz, n_q, q_len, dim = q.shape
@@ -137,7 +145,7 @@ def reference_attention(
         qp = q_pos[b % q_pos.shape[0]] if q_pos.ndim == 2 else q_pos  # (1, T) broadcasts
         kp = k_pos[b % k_pos.shape[0]] if k_pos.ndim == 2 else k_pos
         seq_len = _top(q_pos, k_pos)
-        score_rot, value_rot = _relative_rotations(rotary, pos, qp, kp, dim, seq_len)
+        score_rot, value_rot = _relative_rotations(rotary, pos, qp, kp, dim, seq_len, fraction)
         allowed = torch.ones(q_len, k_len, dtype=torch.bool)
         if causal:
             allowed &= torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None]
@@ -206,8 +214,10 @@ def attentive_convolution(
     rotary: Rotary | None = None,
     causal: bool = True,
     positions: torch.Tensor | None = None,
+    fraction: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A multi-head self-attention layer written as an attentive convolution.
+    """A multi-head self-attention layer written as an attentive convolution (under RoVE at a
+    ``fraction`` a of its V/O angles, with kernels ``R(a delta) W_V``).
 
     Arguments:
         x: ``(T, d_in)`` one sequence.
@@ -224,7 +234,7 @@ def attentive_convolution(
     if pos != "nope" and rotary is None:
         rotary = Rotary(dim)
     weight, scale = _logit_weights(rotary, pos, dim)
-    score_rot, value_rot = _relative_rotations(rotary, pos, at, at, dim, _top(at))
+    score_rot, value_rot = _relative_rotations(rotary, pos, at, at, dim, _top(at), fraction)
     scores = scale * torch.einsum("hid,ijde,hje->hij", weight * q[0], score_rot, k[0])
     if causal:
         scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))

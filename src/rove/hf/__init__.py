@@ -2,6 +2,8 @@
 a function needs it, never by ``import rove``.
 
 - :func:`convert`: switch an HF causal LM with rotary embeddings to RoVE (or back), in place;
+  :func:`set_fraction`: RoVE's V/O rotations at a fraction of their angles (the smooth
+  conversion: 0 is the RoPE model, 1 RoVE);
   ``save_pretrained`` then writes a folder that loads as RoVE again;
 - :func:`from_pretrained`: load such a folder (or convert a stock one), no remote code;
 - :func:`export_model` / :func:`export_run`: a rove GPT as an HF model folder (``rove export``);
@@ -13,7 +15,13 @@ a function needs it, never by ``import rove``.
 
 from rove.hf.adapter import load_adapter, save_adapter
 from rove.hf.causal_lm import HFCausalLM, HFModelConfig
-from rove.hf.conversion import SUPPORTED_MODEL_TYPES, convert, current_pos
+from rove.hf.conversion import (
+    SUPPORTED_MODEL_TYPES,
+    convert,
+    current_fraction,
+    current_pos,
+    set_fraction,
+)
 from rove.hf.export import export_model, export_run, load_exported
 from rove.hf.pretrained import from_pretrained, register_auto_classes
 
@@ -22,6 +30,7 @@ __all__ = [
     "HFCausalLM",
     "HFModelConfig",
     "convert",
+    "current_fraction",
     "current_pos",
     "export_model",
     "export_run",
@@ -30,4 +39,5 @@ __all__ = [
     "load_exported",
     "register_auto_classes",
     "save_adapter",
+    "set_fraction",
 ]

@@ -26,7 +26,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from rove.atomic import check_replaceable, replace_folder
-from rove.hf.conversion import SUPPORTED_MODEL_TYPES, HFPos, convert, current_pos
+from rove.hf.conversion import (
+    SUPPORTED_MODEL_TYPES,
+    HFPos,
+    convert,
+    current_pos,
+    is_rotary_module,
+)
 from rove.hf.model_card import is_rove_card
 from rove.hf.tokenizer import TOKENIZER_FILES
 from rove.rotary import SCALING_KINDS, Scaling, scaling_on_top
@@ -109,9 +115,7 @@ def _rotary_slots(model: nn.Module) -> list[tuple[nn.Module, str, Any]]:
     ``position_ids`` into the ``position_embeddings`` every layer, and RoVE's hooks, read)."""
     slots = []
     for qualified, module in model.named_modules():
-        if isinstance(getattr(module, "inv_freq", None), torch.Tensor) and hasattr(
-            module, "rope_type"
-        ):
+        if is_rotary_module(module):
             parent, _, name = qualified.rpartition(".")
             slots.append((model.get_submodule(parent), name, module))
     return slots

@@ -18,6 +18,12 @@ why left padding, ``position_ids``, ``generate`` and every attention backend kee
 HF folds a rope type's attention factor (YaRN's ``0.1 ln s + 1``) into cos and sin: right for the
 q.k logits, wrong for V and O, whose rotations must stay orthogonal. The tables are therefore
 renormalised to ``cos^2 + sin^2 = 1`` before use on values and outputs.
+
+The smooth conversion (``fraction`` a, :func:`set_fraction`) rotates V and O by a fraction of
+their angles, ``R(a theta p)``: the cosine of a fraction of an angle cannot be read off the
+model's (cos, sin), so a forward hook on the model's rotary embedding module keeps the
+``position_ids`` and frequencies of its last output, and the V/O tables at 0 < a < 1 are built
+from them (float64 angles). a = 1 is the path above unchanged, a = 0 skips V and O.
 """
 
 from __future__ import annotations
@@ -30,10 +36,11 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from rove.functional import check_fraction
 from rove.kernels import rotate, unrotate
 from rove.rotary import table_dtype
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "convert", "current_pos"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "convert", "current_fraction", "current_pos", "set_fraction"]
 
 HFPos = Literal["rope", "rove"]
 Tables = tuple[torch.Tensor, torch.Tensor]
@@ -76,28 +83,89 @@ _LAYOUTS: dict[str, _Layout] = {
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_LAYOUTS))
 
 _STATE_ATTR = "_rove_hf_state"
+# the smooth conversion's a, kept on the model's config (where the RoVE mark is, so a save can
+# refuse a model between RoPE and RoVE); absent means 1, plain RoVE
+FRACTION_ATTR = "_rove_fraction"
+
+
+def is_rotary_module(module: nn.Module) -> bool:
+    """An HF rotary embedding module: it turns ``position_ids`` into ``position_embeddings``."""
+    return isinstance(getattr(module, "inv_freq", None), torch.Tensor) and hasattr(
+        module, "rope_type"
+    )
 
 
 class _SharedTables:
-    """Unit tables of the last ``position_embeddings`` seen, shared by a model's layers.
+    """The V/O tables of the last ``position_embeddings`` seen, shared by a model's layers.
 
-    Every layer of one forward receives the same (cos, sin) tensors, so the normalisation runs
-    once per forward, not once per layer (keyed on tensor identity; the key is held alive).
+    Every layer of one forward receives the same (cos, sin) tensors, so the tables are made
+    once per forward, not once per layer (keyed on tensor identity and the fraction; the key is
+    held alive). None at fraction 0: V and O are not rotated.
     """
 
-    def __init__(self) -> None:
-        self.key: tuple[torch.Tensor, torch.Tensor] | None = None
+    def __init__(self, model: nn.Module) -> None:
+        self.config = cast(Any, model).config
+        self.key: tuple[torch.Tensor, torch.Tensor, float] | None = None
         self.tables: Tables | None = None
+        # (cos, sin, position_ids, inv_freq) of the rotary module's last forward
+        self.source: tuple[torch.Tensor, ...] | None = None
+        self.rotaries: dict[nn.Module, RemovableHandle] = {}
+        self.handle = model.register_forward_pre_hook(self.hook_rotaries)
 
-    def __call__(self, cos: torch.Tensor, sin: torch.Tensor) -> Tables:
-        if self.key is None or self.key[0] is not cos or self.key[1] is not sin:
-            self.key, self.tables = (cos, sin), _orthonormal_half_tables(cos, sin)
-        assert self.tables is not None
+    def hook_rotaries(self, model: nn.Module, *_: object) -> None:
+        """Record the rotary modules' outputs while 0 < fraction < 1, including modules put in
+        place after ``convert`` (``HFCausalLM.rope_scaling`` swaps them)."""
+        if self.fraction in (0, 1):
+            return
+        for module in model.modules():
+            if is_rotary_module(module) and module not in self.rotaries:
+                self.rotaries[module] = module.register_forward_hook(self.record, with_kwargs=True)
+
+    def remove(self) -> None:
+        for handle in [self.handle, *self.rotaries.values()]:
+            handle.remove()
+        self.rotaries.clear()
+
+    @property
+    def fraction(self) -> float:
+        return float(getattr(self.config, FRACTION_ATTR, 1.0))
+
+    def record(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], out: Any) -> None:
+        """Forward hook of a rotary module: what its (cos, sin) were made from."""
+        position_ids = args[1] if len(args) > 1 else kwargs.get("position_ids")
+        if isinstance(position_ids, torch.Tensor) and isinstance(out, tuple) and len(out) == 2:
+            self.source = (*out, position_ids, cast(Any, module).inv_freq)
+
+    def __call__(self, cos: torch.Tensor, sin: torch.Tensor) -> Tables | None:
+        a = self.fraction
+        if a == 0:
+            return None
+        if self.key is None or self.key[0] is not cos or self.key[1] is not sin or self.key[2] != a:
+            tables = (
+                _orthonormal_half_tables(cos, sin) if a == 1 else self.fraction_tables(cos, sin, a)
+            )
+            self.key, self.tables = (cos, sin, a), tables
         return self.tables
+
+    def fraction_tables(self, cos: torch.Tensor, sin: torch.Tensor, a: float) -> Tables:
+        """``R(a theta p)`` from the positions and frequencies ``cos`` and ``sin`` were made of."""
+        if self.source is None or self.source[0] is not cos or self.source[1] is not sin:
+            raise RuntimeError(
+                "RoVE at a fraction of its angles needs the position_ids behind the attention's "
+                "position_embeddings: call the whole model, whose rotary embedding module rove hooks"
+            )
+        position_ids, inv_freq = self.source[2], self.source[3]
+        angles = position_ids.to(torch.float64)[..., None] * inv_freq.to(torch.float64) * a
+        dtype = table_dtype(cos.dtype)
+        c, s = angles.cos().to(dtype), angles.sin().to(dtype)  # (B, T, r/2)
+        if c.ndim == 3 and c.shape[0] == 1:  # one position row shared by the batch: (T, r/2)
+            c, s = c[0], s[0]
+        return c, s
 
 
 class _AttentionState:
-    """The hooks of one attention module and the tables of the forward in progress."""
+    """The hooks of one attention module and the tables of the forward in progress (None
+    outside it, and at fraction 0)."""
 
     def __init__(self, module: nn.Module, layout: _Layout, shared: _SharedTables) -> None:
         self.layout = layout
@@ -225,7 +293,35 @@ def current_pos(model: nn.Module) -> HFPos:
     return "rove" if any(hasattr(m, _STATE_ATTR) for m in model.modules()) else "rope"
 
 
-def convert(model: nn.Module, pos: HFPos = "rove") -> nn.Module:
+def current_fraction(model: nn.Module) -> float:
+    """The fraction a of their angles at which a converted model rotates V and O (1: RoVE)."""
+    _check_converted(model, "current_fraction")
+    return float(getattr(cast(Any, model).config, FRACTION_ATTR, 1.0))
+
+
+def set_fraction(model: nn.Module, fraction: float) -> nn.Module:
+    """Rotate V by ``R(a theta j)`` and O by ``R(-a theta i)``, a = ``fraction``, in a model
+    :func:`convert` switched to RoVE: at 0 exactly the RoPE model, at 1 exactly RoVE, between an
+    attentive convolution with kernels ``R(a delta) W_V``. A model at a < 1 cannot be saved
+    (its saved form would load as plain RoVE). Returns ``model``."""
+    fraction = check_fraction(fraction)
+    _check_converted(model, "set_fraction")
+    config = cast(Any, model).config
+    if fraction == 1:
+        config.__dict__.pop(FRACTION_ATTR, None)
+    else:
+        setattr(config, FRACTION_ATTR, fraction)
+    return model
+
+
+def _check_converted(model: nn.Module, what: str) -> None:
+    if current_pos(model) != "rove":
+        raise ValueError(
+            f"rove.hf.{what}: the model is not converted to RoVE (call rove.hf.convert first)"
+        )
+
+
+def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.Module:
     """Switch a Hugging Face rotary causal LM to RoVE (``pos="rove"``) or back to RoPE, in place.
 
     No parameter is added or changed: the same weights compute RoPE or RoVE attention, so a
@@ -235,10 +331,17 @@ def convert(model: nn.Module, pos: HFPos = "rove") -> nn.Module:
     loads as RoVE again (:mod:`rove.hf.pretrained`). The value and output projections called
     alone, outside the attention forward, are their plain linear maps.
 
+    ``fraction`` (RoVE only): V and O rotate by that fraction a of their angles, from exactly
+    RoPE at 0 to exactly RoVE at 1 (see :func:`set_fraction`): a RoPE model converted at 0 and
+    ramped to 1 while it trains never leaves the function it computes.
+
     Returns ``model`` (for chaining).
     """
     if pos not in ("rope", "rove"):
         raise ValueError(f"unknown pos {pos!r}; choose 'rove' or 'rope'")
+    fraction = check_fraction(fraction)
+    if pos == "rope" and fraction != 1:
+        raise ValueError("a fraction of RoVE's angles goes with pos='rove', not 'rope'")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     config = getattr(model, "config", None)
@@ -252,15 +355,24 @@ def convert(model: nn.Module, pos: HFPos = "rove") -> nn.Module:
     modules = _attention_modules(model, layout)
     if not modules:
         raise ValueError(f"found no {model_type} attention module in {type(model).__name__}")
-    shared = _SharedTables()
-    for module in modules:
-        state = getattr(module, _STATE_ATTR, None)
-        if pos == "rope" and state is not None:
+    states = [getattr(m, _STATE_ATTR) for m in modules if hasattr(m, _STATE_ATTR)]
+    if pos == "rope":
+        for module in modules:
+            if hasattr(module, _STATE_ATTR):
+                delattr(module, _STATE_ATTR)
+        for state in states:
             state.remove()
-            delattr(module, _STATE_ATTR)
-        elif pos == "rove" and state is None:
-            setattr(module, _STATE_ATTR, _AttentionState(module, layout, shared))
+        if states:
+            states[0].shared.remove()
+        config.__dict__.pop(FRACTION_ATTR, None)
+    else:
+        shared = states[0].shared if states else _SharedTables(model)
+        for module in modules:
+            if not hasattr(module, _STATE_ATTR):
+                setattr(module, _STATE_ATTR, _AttentionState(module, layout, shared))
     from rove.hf.pretrained import mark_config
 
     mark_config(config, pos)
+    if pos == "rove":
+        set_fraction(model, fraction)
     return model

@@ -30,7 +30,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rove.hf.conversion import HFPos, convert
+from rove.hf.conversion import FRACTION_ATTR, HFPos, convert
 from rove.hf.model_card import write_converted_card
 
 __all__ = [
@@ -56,12 +56,23 @@ class _RoveConfigMixin:
 
     _rove_base: type
 
+    def to_dict(self) -> dict[str, Any]:
+        saved = super().to_dict()  # type: ignore[misc]  # a PretrainedConfig method
+        saved.pop(FRACTION_ATTR, None)  # a runtime setting (rove.hf.set_fraction), never saved
+        return saved
+
     def to_diff_dict(self) -> dict[str, Any]:
         saved = super().to_diff_dict()  # type: ignore[misc]  # a PretrainedConfig method
         state = {"pos": "rove", "model_type": self._rove_base.model_type}  # type: ignore[attr-defined]
         return {**saved, "model_type": MODEL_TYPE, STATE_KEY: state, "auto_map": dict(AUTO_MAP)}
 
     def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> None:
+        fraction = getattr(self, FRACTION_ATTR, 1.0)
+        if fraction != 1:  # it would load as plain RoVE, another function
+            raise ValueError(
+                f"this model rotates V and O at a fraction {fraction:g} of RoVE's angles (the "
+                "smooth conversion): only plain RoVE is saved; rove.hf.set_fraction(model, 1) first"
+            )
         super().save_pretrained(save_directory, **kwargs)  # type: ignore[misc]
         shutil.copyfile(REMOTE_FILE, Path(save_directory) / REMOTE_FILE.name)
         write_converted_card(Path(save_directory), self, self._rove_base.model_type)  # type: ignore[attr-defined]

@@ -28,7 +28,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rove.functional import ROTARY_POS, check_pos, position_tables, token_positions
+from rove.functional import (
+    ROTARY_POS,
+    check_fraction,
+    check_pos,
+    position_tables,
+    token_positions,
+)
 from rove.kv_cache import KVCache
 from rove.layer import RoveAttention
 from rove.model.config import GPTConfig
@@ -110,6 +116,25 @@ class GPT(nn.Module):
         for block in self.blocks:
             assert isinstance(block, Block)
             yield block
+
+    @property
+    def rove_fraction(self) -> float:
+        """The smooth conversion's a: RoVE's V/O rotations at a fraction of their angles
+        (1: plain RoVE; see ``set_rove_fraction``)."""
+        return next(self.iter_blocks()).attn.rove_fraction
+
+    def set_rove_fraction(self, fraction: float) -> None:
+        """Rotate V and O by ``R(a p)`` with a = ``fraction``: at 0 the RoPE model exactly (no
+        V/O rotation), at 1 plain RoVE, between an attentive convolution with kernels
+        ``R(a delta) W_V``. A runtime setting of a ``pos="rove"`` model, not part of its config:
+        ``rove finetune --conversion smooth`` ramps it to 1, so what is saved is plain RoVE."""
+        if self.config.pos != "rove":
+            raise ValueError(
+                f"set_rove_fraction needs a pos='rove' model, this one is {self.config.pos!r}"
+            )
+        fraction = check_fraction(fraction)
+        for block in self.iter_blocks():
+            block.attn.rove_fraction = fraction
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -1,0 +1,146 @@
+"""``rove.hf.convert(model, fraction=a)`` / ``set_fraction``: a Hugging Face model's V and O at a
+fraction of RoVE's angles, checked against the float64 oracle (kernels ``R(a delta) W_V``);
+a = 0 is the stock model and a = 1 RoVE, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import rove.hf  # noqa: E402
+from rove.reference import reference_attention  # noqa: E402
+from test_hf_convert import (  # noqa: E402
+    ARCHS,
+    VOCAB,
+    attention_modules,
+    cache_kwarg,
+    hf_logit_scale,
+    hf_rotary,
+    hidden_states,
+    projections,
+    scaling,
+    tiny_model,
+)
+
+FRACTIONS = (0.25, 0.5, 0.9)
+
+
+@pytest.mark.parametrize(
+    ("arch", "rope", "a"),
+    [("llama", "default", a) for a in FRACTIONS]
+    + [(arch, "default", 0.5) for arch in (*ARCHS[1:], "phi3")]  # gpt_neox, phi3: partial
+    + [("llama", "yarn", 0.25), ("llama", "dynamic", 0.9), ("llama", "llama3", 0.5)],
+)
+def test_layers_at_a_fraction_are_the_oracle(arch, rope, a):
+    """Every layer equals the pair-by-pair float64 attention with value kernels R(a delta); the
+    rope type's attention factor stays on the logits."""
+    model = tiny_model(arch, rope, max_positions=16)
+    rove.hf.convert(model, fraction=a)
+    assert rove.hf.current_fraction(model) == a
+    seq = 12
+    positions = torch.stack([torch.arange(seq), torch.arange(seq) + 8])  # past 16: dynamic scales
+    ids = torch.randint(1, VOCAB, (2, seq))
+    seen = []
+    hooks = [
+        m.register_forward_hook(
+            lambda mod, args, kwargs, out: seen.append((mod, hidden_states(args, kwargs), out[0])),
+            with_kwargs=True,
+        )
+        for m in attention_modules(model)
+    ]
+    with torch.no_grad():
+        model(ids, position_ids=positions)
+    for h in hooks:
+        h.remove()
+    rove.hf.convert(model, "rope")  # plain projections for the reference
+    assert len(seen) == 2
+    for attn, x, out in seen:
+        q, k, v = projections(arch, attn, x)
+        rotary = hf_rotary(model, q.shape[-1])
+        q = hf_logit_scale(model, q, rotary.rotary_dim)
+        y = reference_attention(
+            q, k, v, pos="rove", rotary=rotary, q_positions=positions, k_positions=positions,
+            scale=scaling(attn), fraction=a,
+        )  # fmt: skip
+        proj = attn.dense if arch in ("gpt_neox", "phi") else attn.o_proj
+        expected = proj(y.transpose(1, 2).flatten(2).to(out.dtype))
+        # HF computes its q/k angles in float32: ~1e-7 relative
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fraction_0_is_the_stock_model_and_1_is_rove(arch):
+    model = tiny_model(arch, "yarn")
+    ids = torch.randint(1, VOCAB, (2, 10))
+    with torch.no_grad():
+        stock = model(ids).logits
+        rove_logits = rove.hf.convert(tiny_model(arch, "yarn"))(ids).logits
+        rove.hf.convert(model, fraction=0.0)
+        assert rove.hf.current_pos(model) == "rove" and rove.hf.current_fraction(model) == 0
+        assert torch.equal(model(ids).logits, stock)
+        rove.hf.set_fraction(model, 0.5)
+        mid = model(ids).logits
+        rove.hf.set_fraction(model, 1)
+        assert torch.equal(model(ids).logits, rove_logits)
+    assert not torch.allclose(mid, stock, atol=1e-4) and not torch.allclose(mid, rove_logits)
+
+
+def test_cached_decoding_at_a_fraction_equals_the_full_forward():
+    model = rove.hf.convert(tiny_model("llama"), fraction=0.5)
+    ids = torch.randint(1, VOCAB, (2, 12))
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = transformers.DynamicCache()
+        steps = [model(ids[:, :6], **{cache_kwarg(): cache}, use_cache=True).logits]
+        for t in range(6, 12):
+            out = model(ids[:, t : t + 1], **{cache_kwarg(): cache}, use_cache=True)
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=1e-10)
+
+
+def test_gradients_flow_at_a_fraction():
+    model = rove.hf.convert(tiny_model("llama", dtype=torch.float32), fraction=0.25).train()
+    ids = torch.randint(1, VOCAB, (2, 12))
+    model(ids, labels=ids).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert all(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if "v_proj" in n)
+
+
+def test_a_model_between_rope_and_rove_is_not_saved(tmp_path):
+    """Its folder would load as plain RoVE, another function: refused until a = 1."""
+    model = rove.hf.convert(tiny_model("llama"), fraction=0.5)
+    for a in (0.5, 0.0):
+        rove.hf.set_fraction(model, a)
+        with pytest.raises(ValueError, match=f"fraction {a:g} of RoVE's angles"):
+            model.save_pretrained(tmp_path / "partial")
+        assert not (tmp_path / "partial" / "config.json").exists()
+    rove.hf.set_fraction(model, 1)
+    model.save_pretrained(tmp_path / "rove")
+    saved = (tmp_path / "rove" / "config.json").read_text()
+    assert "_rove_fraction" not in saved
+    ids = torch.randint(1, VOCAB, (1, 8))
+    loaded = rove.hf.from_pretrained(tmp_path / "rove", dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_fraction_bad_input():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="not converted to RoVE"):
+        rove.hf.set_fraction(model, 0.5)
+    with pytest.raises(ValueError, match="not converted to RoVE"):
+        rove.hf.current_fraction(model)
+    with pytest.raises(ValueError, match="fraction must be a number in"):
+        rove.hf.convert(model, fraction=1.5)
+    assert rove.hf.current_pos(model) == "rope"  # refused before any change
+    with pytest.raises(ValueError, match="goes with pos='rove'"):
+        rove.hf.convert(model, "rope", fraction=0.5)
+    rove.hf.convert(model)
+    with pytest.raises(ValueError, match="fraction must be a number in"):
+        rove.hf.set_fraction(model, -0.1)
+    rove.hf.convert(model, fraction=0.5)
+    rove.hf.convert(model, "rope")
+    assert not hasattr(model.config, "_rove_fraction")  # back to the stock config
