@@ -70,29 +70,41 @@ def test_the_rope_arm_starts_as_the_source_and_the_rove_arm_as_its_conversion(so
 def test_both_arms_continue_the_source_and_lower_the_validation_loss(source, tmp_path):
     summary = json.loads((source / run_files.SUMMARY).read_text())
     curves = {}
-    for pos in ("rope", "rove"):
-        cfg = finetune(source, tmp_path, pos=pos)
+    for pos, conversion in (("rope", None), ("rove", None), ("rove", "hard")):
+        cfg = finetune(source, tmp_path, pos=pos, conversion=conversion)
+        if conversion == "hard":
+            cfg = dataclasses.replace(cfg, run_name="hard")
         resolved = cfg.resolve()
         # continued with the source's own recipe, shortened: warm-up and validation in tenths
         assert (resolved.preset, resolved.seq_len, resolved.lr) == ("nano", 32, 3e-3)
         assert (resolved.warmup_steps, resolved.eval_interval) == (1, 1)
+        # a RoPE model becomes RoVE smoothly by default, over a tenth of the run
+        arm = {"rope": (None, None), "rove": ("smooth", 1)}[pos] if conversion is None else None
+        assert (resolved.conversion, resolved.ramp_steps) == (arm or ("hard", None))
         run_dir = train(cfg, progress=False)
-        assert run_dir.name == f"{source.name}-{pos}-seed0"
-        curves[pos] = val_losses(run_dir)
+        curves[conversion or pos] = val_losses(run_dir)
         recipe = json.loads((run_dir / run_files.RECIPE).read_text())
         assert recipe["source"]["path"] == str(source / "checkpoints" / "step_000040")
         assert recipe["source"]["pos"] == "rope" and recipe["model"]["pos"] == pos
-    # the control arm's step 0 is the source itself, on the same validation windows
+        assert recipe["train"]["conversion"] == resolved.conversion
+    # the control arm's step 0 is the source itself, on the same validation windows, and so is
+    # the smooth RoVE arm's (its V/O rotations start at none of their angles); the hard one's is not
     assert curves["rope"][0] == summary["final_val_loss"]
-    assert curves["rove"][0] != curves["rope"][0]
+    assert curves["rove"][0] == curves["rope"][0]
+    assert curves["hard"][0] != curves["rope"][0]
     for pos, curve in curves.items():
         assert curve[12] < curve[0], pos
 
 
 def test_an_interrupted_finetune_resumes_bit_for_bit(source, tmp_path, monkeypatch):
-    full = train(finetune(source, tmp_path / "full", checkpoint_interval=4), progress=False)
+    """Interrupted inside the smooth conversion's ramp (10 steps): its a is the step's."""
+    full = train(
+        finetune(source, tmp_path / "full", checkpoint_interval=4, ramp_steps=10), progress=False
+    )
+    fractions = [r["rove_fraction"] for r in read_metrics(full) if "rove_fraction" in r]
+    assert fractions == [min(1.0, s / 10) for s in range(12)]  # a of each step's update
 
-    cut_cfg = finetune(source, tmp_path / "cut", checkpoint_interval=4)
+    cut_cfg = finetune(source, tmp_path / "cut", checkpoint_interval=4, ramp_steps=10)
     with preempted_at_batch(7):
         train(cut_cfg, progress=False)
     # the source is not needed to resume: the run continues from its own checkpoint
@@ -102,12 +114,20 @@ def test_an_interrupted_finetune_resumes_bit_for_bit(source, tmp_path, monkeypat
 
 
 def test_a_finetuned_rove_model_exports_and_reloads_as_rove_in_a_fresh_process(source, tmp_path):
+    """The smooth conversion ends as plain RoVE; a checkpoint inside its ramp loads as the model
+    it was (V/O at its fraction), and is not exported as plain RoVE."""
     pytest.importorskip("transformers")
     from rove.hf.export import export_run
 
-    run_dir = train(finetune(source, tmp_path, max_steps=4), progress=False)
+    cfg = finetune(source, tmp_path, max_steps=4, ramp_steps=4, checkpoint_interval=1)
+    run_dir = train(dataclasses.replace(cfg, keep_checkpoints=0), progress=False)
+    mid = run_dir / "checkpoints" / "step_000002"
+    assert load_model(mid)[0].rove_fraction == 0.5
+    with pytest.raises(ValueError, match=r"fraction 0\.5 of RoVE's angles"):
+        export_run(mid, tmp_path / "mid")
     out = export_run(run_dir, tmp_path / "export")
     model, _ = load_model(run_dir)
+    assert model.rove_fraction == 1.0
     idx = torch.randint(0, 256, (1, 40))
     torch.save({"idx": idx}, tmp_path / "idx.pt")
     script = (
@@ -132,6 +152,9 @@ def test_a_finetuned_rove_model_exports_and_reloads_as_rove_in_a_fresh_process(s
         ({"max_steps": None}, ValueError, "needs max_steps or token_budget"),
         ({"model_overrides": {"n_layer": 3}}, ValueError, "cannot change the architecture"),
         ({"tokenizer": "gpt2"}, ValueError, "tokenizer"),
+        ({"conversion": "sudden"}, ValueError, "unknown conversion 'sudden'"),
+        ({"init_from": None, "conversion": "smooth"}, ValueError, "has no model to convert"),
+        ({"init_from": None, "ramp_steps": 2}, ValueError, "has no model to convert"),
     ],
 )
 def test_a_bad_finetune_is_refused_before_any_work(
@@ -157,6 +180,19 @@ def test_the_command_line(source, tmp_path, capsys):
     assert main([str(source), "--max-steps", "5", "--dry-run"]) == 0
     recipe = json.loads(capsys.readouterr().out)["train"]
     assert (recipe["init_from"], recipe["pos"], recipe["max_steps"]) == (str(source), "rove", 5)
+    assert (recipe["conversion"], recipe["ramp_steps"]) == ("smooth", 1)
+    assert main([str(source), "--max-steps", "8", "--ramp-steps", "4", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["train"]["ramp_steps"] == 4
+    assert main([str(source), "--max-steps", "5", "--conversion", "hard", "--dry-run"]) == 0
+    recipe = json.loads(capsys.readouterr().out)["train"]
+    assert (recipe["conversion"], recipe["ramp_steps"]) == ("hard", None)
+    for argv, message in [
+        (["--max-steps", "5", "--ramp-steps", "6"], "ramp_steps (6) must be <= max_steps (5)"),
+        (["--max-steps", "5", "--conversion", "hard", "--ramp-steps", "2"], "goes with conversion"),
+        (["--max-steps", "5", "--ramp-steps", "0"], "ramp_steps must be a positive int"),
+    ]:
+        assert main([str(source), *argv, "--dry-run"]) == 2
+        assert message in capsys.readouterr().err
     for argv, message in [
         ([str(source), "--compare", "--pos", "rove"], "leave out --pos"),
         ([str(source), "--demo"], "--demo takes no MODEL"),
@@ -175,8 +211,10 @@ def test_the_comparison_pairs_both_arms_on_one_recipe(source, tmp_path):
     assert (cfg.pos, cfg.baseline, cfg.seeds) == (["rope", "rove"], "rope", [0, 1])
     assert cfg.out_dir == str(tmp_path / f"finetune-{source.name}")
     arms = [cfg.train_config(pos, 1).resolve() for pos in cfg.pos]
-    shared = [{k: v for k, v in a.to_dict().items() if k not in ("pos", "run_name")} for a in arms]
+    own = ("pos", "run_name", "conversion", "ramp_steps")  # only the converted arm has a ramp
+    shared = [{k: v for k, v in a.to_dict().items() if k not in own} for a in arms]
     assert shared[0] == shared[1] and shared[0]["lr"] == 1e-3 and shared[0]["seed"] == 1
+    assert [(a.conversion, a.ramp_steps) for a in arms] == [(None, None), ("smooth", 1)]
     assert not cfg.eval.icl
 
 

@@ -74,7 +74,8 @@ def test_both_arms_train_evaluate_and_the_rove_arm_saves_as_rove(llama, data_dir
         assert run_dir.name == f"tiny-llama-{pos}-seed0"
         curves[pos] = {r["step"]: r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r}
         assert sorted(curves[pos]) == list(range(9))  # validation every tenth, at least 1 step
-    assert curves["rove"][0] != curves["rope"][0]
+    # smooth by default: the RoVE arm starts as the stock model, and ends as plain RoVE
+    assert curves["rove"][0] == curves["rope"][0]
     for pos, curve in curves.items():
         assert curve[8] < curve[0], pos
 
@@ -88,6 +89,7 @@ def test_both_arms_train_evaluate_and_the_rove_arm_saves_as_rove(llama, data_dir
         load_model(run_dir)  # a rove GPT is what generate/analyze need
 
     model, _ = load_any_model(run_dir)
+    assert model.rove_fraction == 1.0
     out = export_run(run_dir, tmp_path / "export")
     idx = torch.randint(0, 257, (1, 30))
     torch.save({"idx": idx}, tmp_path / "idx.pt")
@@ -135,3 +137,63 @@ def test_without_data_a_model_trains_on_the_embedded_corpus_in_its_own_tokenizer
     assert cfg.tokenizer == f"hf:{llama.resolve()}" and cfg.data == "stdlib"
     assert json.loads((llama / "config.json").read_text())["model_type"] == "llama"
     assert run_files.RECIPE not in {p.name for p in llama.iterdir()}
+
+
+def test_an_export_names_a_tokenizer_class_every_supported_transformers_knows(
+    llama, data_dir, tmp_path
+):
+    """A source saved by transformers 5 names its tokenizer ``TokenizersBackend``, which 4.x
+    lacks: the export names ``PreTrainedTokenizerFast`` (this file also runs at the floor,
+    scripts/check_transformers_floor.sh, where the export's tokenizer then loads)."""
+    import shutil
+
+    from rove.hf.export import export_run
+
+    source = tmp_path / "v5-llama"
+    shutil.copytree(llama, source)
+    config_file = source / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "tokenizer_class": "TokenizersBackend"}))
+    run_dir = train(finetune(source, data_dir, tmp_path, max_steps=2), progress=False)
+    out = export_run(run_dir, tmp_path / "export")
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == (
+        "PreTrainedTokenizerFast"
+    )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert tokenizer.encode("hi") == get_tokenizer("byte").encode("hi")
+
+
+def test_a_shorter_finetune_context_keeps_the_source_context(llama, data_dir, tmp_path):
+    """Trained at 64 tokens, the 256-token model stays a 256-token model: a later scaling
+    counts from its real context."""
+    run_dir = train(finetune(llama, data_dir, tmp_path, max_steps=1), progress=False)
+    model, meta = load_any_model(run_dir)
+    assert model.config.block_size == meta["model_config"]["block_size"] == 256
+    assert read_source(run_dir).context == 256
+
+
+def test_the_readme_command_runs_as_written(llama, data_dir):
+    """README's ``rove finetune ./my-llama --data-dir data/my-llama --seq-len 512 --max-steps 500
+    --lr 1e-4 --compare``: the tiny preset's 8,192 tokens per step at 512 tokens a row."""
+    import re
+    from pathlib import Path
+
+    from rove.finetune import build_parser, compare_config
+    from rove.train import cli as train_cli
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (line,) = re.findall(r"^rove finetune \./my-llama .*$", readme, flags=re.M)
+    argv = line.split()[2:]
+    argv[argv.index("./my-llama")] = str(llama)
+    argv[argv.index("data/my-llama")] = str(data_dir)
+    parser = build_parser()
+    args, stored = train_cli.parse_args(parser, argv)
+    assert args.compare
+    cfg = compare_config(train_cli.config_from_args(args, stored), args.seeds, {})
+    for pos in cfg.pos:
+        arm = cfg.train_config(pos, 0).resolve()
+        assert (arm.seq_len, arm.tokens_per_step, arm.micro_batch) == (512, 8192, 16)
+        assert arm.grad_accum_steps() == 1
+        assert (arm.conversion, arm.ramp_steps) == (
+            ("smooth", 50) if pos == "rove" else (None, None)
+        )

@@ -234,7 +234,7 @@ def test_dispatchers_route_to_triton():
         assert_close(a, r, torch.float32)
 
 
-@pytest.mark.parametrize("pos", ["rope", "rove"])
+@pytest.mark.parametrize("pos", ["rope", "rove", "rove@0.5"])  # @: the smooth conversion's a
 @pytest.mark.parametrize("positions", ["default", "shared", "per-sequence"])
 def test_attention_layer_matches_torch_path(pos, positions):
     """A whole layer (GQA, partial rotary): same output and gradients on either backend,
@@ -243,7 +243,9 @@ def test_attention_layer_matches_torch_path(pos, positions):
     from rove.layer import RoveAttention
 
     torch.manual_seed(0)
+    pos, _, fraction = pos.partition("@")
     layer = RoveAttention(H * D, H, 2, pos=pos, rotary=Rotary(D, 8)).to(DEVICE)
+    layer.rove_fraction = float(fraction or 1)
     x = randn(B, T, H * D).requires_grad_()
     at = {
         "default": None,

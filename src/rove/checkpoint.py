@@ -48,6 +48,7 @@ from safetensors.torch import load_file, save_file
 
 from rove import run_files
 from rove.atomic import fsync_dir, remove_temp_files, write_text_atomic
+from rove.functional import conversion_fraction
 from rove.model import GPT, GPTConfig
 
 Model = TypeVar("Model", bound=torch.nn.Module)  # what load_built_model builds
@@ -550,5 +551,10 @@ def load_built_model(
         raise CheckpointError(f"{ckpt.path / META_FILE}: bad model_config ({err})") from None
     restore_model(model, ckpt)
     model.eval()
+    train = ckpt.meta.get("train_config") or {}
+    if train.get("conversion") == "smooth":  # taken mid-ramp: the model as it was trained
+        fraction = conversion_fraction(int(ckpt.meta["step"]), int(train["ramp_steps"]))
+        if fraction < 1:
+            cast(Any, model).set_rove_fraction(fraction)
     meta = {k: v for k, v in ckpt.meta.items() if k not in ("files", "rng", "loader")}
     return model, dict(meta, checkpoint=str(ckpt.path))

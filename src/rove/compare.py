@@ -225,6 +225,8 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
         "seed": seed,
         "run_dir": str(run_dir),
         "fingerprint": run_fingerprint(stored),
+        "conversion": stored.get("conversion"),  # a finetune's: smooth | hard | None
+        "ramp_steps": stored.get("ramp_steps"),
         "train": summary,
         "curve": _curve(run_dir),
     }

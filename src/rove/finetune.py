@@ -13,7 +13,11 @@ Examples::
 (:mod:`rove.train.source`): the same flags, ``--config``, resume, checkpoints and signals; a
 rove model continues with its own recipe unless a flag changes it, and ``--max-steps`` (or
 ``--token-budget``) is how long. ``--pos rove`` converts the model (no new parameters, the V/O
-rotations change its function, so it has to recover), ``--pos rope`` continues it unchanged.
+rotations change its function), ``--pos rope`` continues it unchanged. A RoPE model becomes
+RoVE smoothly by default (``--conversion smooth``): V and O rotate by a fraction a of RoVE's
+angles, ramped linearly from 0 (exactly the source's function, so no loss spike) to 1 (exactly
+RoVE) over ``--ramp-steps`` (a tenth of the run); every run ends, and is saved, as plain RoVE.
+``--conversion hard`` switches at step 0.
 
 ``--compare`` is the fair experiment: both arms over ``--seeds``, each pair with the same
 tokens, data order, learning-rate schedule and steps, evaluated and reported by
@@ -42,7 +46,7 @@ from rove.train import cli as train_cli
 from rove.train import train
 from rove.train.config import TrainConfig
 from rove.train.loop import TrainingInterrupted
-from rove.train.source import read_source
+from rove.train.source import CONVERSIONS, read_source
 
 __all__ = [
     "DEMO_OUT",
@@ -61,7 +65,9 @@ DEMO_STEPS = 80  # half the base's 160: long enough to see whether RoVE recovers
 QUICK_OUT = "runs/finetune-demo-quick"
 QUICK_STEPS = 10  # a third of the quick base's 30
 COMPARE_FLAGS = ("--seeds", "--eval", "--title", "--force")  # what only --compare reads
-DEMO_FLAGS = ("--demo", "--quick", "--out", "--force", "--no-progress")  # what --demo reads
+DEMO_FLAGS = (  # what --demo reads
+    "--demo", "--quick", "--out", "--force", "--no-progress", "--conversion", "--ramp-steps",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         help="rove run or checkpoint folder, or Hugging Face model folder (llama, qwen2, "
         "gpt_neox, ...), with a RoPE or RoVE attention",
+    )
+    g = p.add_argument_group("conversion (a RoPE model continued as RoVE)")
+    g.add_argument(
+        "--conversion",
+        choices=CONVERSIONS,
+        help="smooth (default): V/O rotations ramped from none of RoVE's angles (the model as "
+        "it is) to all of them over --ramp-steps, no loss spike; hard: RoVE from step 0",
+    )
+    g.add_argument(
+        "--ramp-steps",
+        type=int,
+        help="smooth: steps of the linear ramp; default: a tenth of the run",
     )
     p.add_argument(
         "--demo",
@@ -144,8 +162,17 @@ def demo_base(out_dir: Path, quick: bool = False) -> TrainConfig:
     )
 
 
-def _demo(out: Path, *, quick: bool, progress: bool, force: bool) -> int:
-    """``--demo``: pretrain (or reuse) the RoPE base in ``out``, then compare both arms."""
+def _demo(
+    out: Path,
+    *,
+    quick: bool,
+    progress: bool,
+    force: bool,
+    conversion: str | None = None,
+    ramp_steps: int | None = None,
+) -> int:
+    """``--demo``: pretrain (or reuse) the RoPE base in ``out``, then compare both arms (the
+    RoVE arm converted by ``conversion`` over ``ramp_steps``, by default smooth)."""
     base = demo_base(out, quick)
     base_dir = out / "base-rope"
     if not (base_dir / run_files.SUMMARY).is_file():
@@ -157,7 +184,10 @@ def _demo(out: Path, *, quick: bool, progress: bool, force: bool) -> int:
             print(f"rove finetune: {err}; run the same command again to continue")
             return err.exit_code
     steps, seeds = (QUICK_STEPS, [0, 1]) if quick else (DEMO_STEPS, [0, 1, 2])
-    ft = TrainConfig(init_from=str(base_dir), max_steps=steps, dtype=base.dtype, out_dir=str(out))
+    ft = TrainConfig(
+        init_from=str(base_dir), max_steps=steps, dtype=base.dtype, out_dir=str(out),
+        conversion=conversion, ramp_steps=ramp_steps,
+    )  # fmt: skip
     title = (
         f"RoVE on a RoPE model pretrained here: {steps} steps continued as RoVE vs as RoPE "
         f"(rove finetune --demo{' --quick' if quick else ''})"
@@ -181,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         default = QUICK_OUT if args.quick else DEMO_OUT
         out = Path(args.out_dir) if "--out" in flags else Path(default)
-        return _demo(out, quick=args.quick, progress=not args.no_progress, force=args.force)
+        return _demo(
+            out, quick=args.quick, progress=not args.no_progress, force=args.force,
+            conversion=args.conversion, ramp_steps=args.ramp_steps,
+        )  # fmt: skip
     if args.quick:
         parser.error("--quick goes with --demo")
     if args.init_from is None:

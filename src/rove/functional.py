@@ -57,6 +57,7 @@ __all__ = [
     "attention",
     "check_fraction",
     "check_pos",
+    "conversion_fraction",
     "document_mask",
     "document_runs",
     "fraction_tables",
@@ -141,6 +142,17 @@ def check_fraction(fraction: float) -> float:
     ):
         raise ValueError(f"the RoVE fraction must be a number in [0, 1], got {fraction!r}")
     return float(fraction)
+
+
+def conversion_fraction(step: int, ramp_steps: int) -> float:
+    """The smooth conversion's a after ``step`` optimizer steps: ``step / ramp_steps``, then 1.
+
+    Linear rather than cosine: the function moves by the same amount at every step (the
+    smallest largest move for a given ramp: cosine's middle is pi/2 times steeper), which an
+    optimizer at a steady learning rate can track. A function of the step alone, like the
+    learning rate, so a resumed run continues the ramp bit for bit.
+    """
+    return min(1.0, step / ramp_steps)
 
 
 def rotary_for(pos: Pos, rotary: RotarySpec | None, head_dim: int) -> RotarySpec | None:

@@ -30,8 +30,10 @@ from rove.hf.conversion import (
     SUPPORTED_MODEL_TYPES,
     HFPos,
     convert,
+    current_fraction,
     current_pos,
     is_rotary_module,
+    set_fraction,
 )
 from rove.hf.model_card import is_rove_card
 from rove.hf.tokenizer import TOKENIZER_FILES
@@ -267,6 +269,16 @@ class HFCausalLM(nn.Module):
             model_type=self.model_type,
             hf_config=_stock_dict(hf_config),
         )
+
+    @property
+    def rove_fraction(self) -> float:
+        """The smooth conversion's a (``GPT.rove_fraction``'s counterpart)."""
+        return current_fraction(self.hf)
+
+    def set_rove_fraction(self, fraction: float) -> None:
+        """V and O at ``fraction`` of RoVE's angles (:func:`rove.hf.set_fraction`), as
+        ``GPT.set_rove_fraction``: what ``rove finetune --conversion smooth`` ramps."""
+        set_fraction(self.hf, fraction)
 
     @classmethod
     def from_folder(

@@ -35,7 +35,7 @@ from rove._version import __version__
 from rove.atomic import check_replaceable, replace_folder, write_json_atomic
 from rove.hf.model_card import write_export_card
 from rove.hf.progress import no_progress_bars
-from rove.hf.tokenizer import TOKENIZER_FILES
+from rove.hf.tokenizer import TOKENIZER_FILES, portable_tokenizer_class
 from rove.lock import lock_folder
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
@@ -226,6 +226,12 @@ def hf_model(model: GPT, *, remote_code: bool = False, max_positions: int | None
             "the model was trained with dynamic-ntk rotary scaling, whose frequencies follow "
             "the length: no exported architecture computes rove's rule for it"
         )
+    if cfg.pos == "rove" and model.rove_fraction != 1:  # taken mid-way through a smooth ramp
+        raise ValueError(
+            f"the model rotates V and O at a fraction {model.rove_fraction:g} of RoVE's angles "
+            "(a checkpoint inside a smooth conversion's ramp): only plain RoVE is exported; "
+            "export the run's final checkpoint"
+        )
     scaled = cfg.rope_scaling is not None  # rove's modeling file computes it exactly
     if (
         remote_code
@@ -370,8 +376,9 @@ def export_run(
 
 
 class _TokenizerFiles:
-    """The files of a Hugging Face tokenizer's folder, saved by copying them unchanged: the
-    model's own tokenizer (chat template and special tokens included) goes with it."""
+    """The files of a Hugging Face tokenizer's folder, saved by copying them: the model's own
+    tokenizer (chat template and special tokens included) goes with it, under a class name
+    every supported transformers knows."""
 
     def __init__(self, folder: Path) -> None:
         if not (folder / "tokenizer.json").is_file():
@@ -382,6 +389,7 @@ class _TokenizerFiles:
         for name in TOKENIZER_FILES:
             if (self.folder / name).is_file():
                 shutil.copyfile(self.folder / name, Path(out) / name)
+        portable_tokenizer_class(Path(out))  # loads under the floor transformers too
 
 
 def load_exported(path: str | Path, **kwargs: Any) -> Any:

@@ -22,7 +22,7 @@ from rove.data.tokenizers import (
     _gpt2_byte_alphabet,
 )
 
-__all__ = ["TOKENIZER_FILES", "hf_tokenizer", "save_hf_tokenizer"]
+__all__ = ["TOKENIZER_FILES", "hf_tokenizer", "portable_tokenizer_class", "save_hf_tokenizer"]
 
 # what a Hugging Face tokenizer's save writes, across tokenizer kinds
 TOKENIZER_FILES = (
@@ -35,6 +35,8 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
 )
+
+TRANSFORMERS_5_ONLY = ("TokenizersBackend",)  # tokenizer classes transformers 4 does not have
 
 
 def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], regex: bool) -> Any:
@@ -93,10 +95,20 @@ def hf_tokenizer(tokenizer: Tokenizer) -> Any:
 
 def save_hf_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
     """``tokenizer``'s HF form saved in ``folder``, loadable by ``AutoTokenizer`` of
-    transformers 4 and 5: its class is recorded as ``PreTrainedTokenizerFast``, the name both
-    know (transformers 5 writes ``TokenizersBackend``, which 4.x cannot find)."""
+    transformers 4 and 5 (:func:`portable_tokenizer_class`)."""
     hf_tokenizer(tokenizer).save_pretrained(folder)
+    portable_tokenizer_class(folder, always=True)
+
+
+def portable_tokenizer_class(folder: Path, *, always: bool = False) -> None:
+    """Record the fast tokenizer of ``folder`` as ``PreTrainedTokenizerFast``, the class
+    transformers 4 and 5 both know, where its ``tokenizer_config.json`` names a class only
+    transformers 5 has (``TokenizersBackend``, what 5 writes for any fast tokenizer, which 4.x
+    cannot find), or ``always``. Other classes (``LlamaTokenizerFast`` ...) are left alone."""
     config_file = folder / "tokenizer_config.json"
+    if not config_file.is_file():
+        return
     config = json.loads(config_file.read_text(encoding="utf-8"))
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    if always or config.get("tokenizer_class") in TRANSFORMERS_5_ONLY:
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

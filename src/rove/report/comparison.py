@@ -472,6 +472,18 @@ def _converted(runs: list[dict], baseline: str) -> list[str]:
     return [label for label in _labels(runs) if label != baseline]
 
 
+def _how_converted(runs: list[dict], baseline: str) -> str:
+    """How the converted arms became what they are: at step 0 (hard), or smoothly (V/O at a
+    fraction of RoVE's angles ramped from 0, the input model's function, to 1)."""
+    ramps = [r.get("ramp_steps") for r in runs if r.get("label") != baseline]
+    if all(r.get("conversion") != "smooth" for r in runs if r.get("label") != baseline):
+        return "converted at step 0"
+    return (
+        f"converted smoothly (V/O rotations ramped from none of RoVE's angles, the input "
+        f"model's function, to all of them over the first {_span(ramps)} steps)"
+    )
+
+
 def findings(results: dict) -> list[str]:
     """The report's "What we found" bullets: the headline differences and what was not measured
     (also what ``rove compare`` prints when it finishes); a finetune comparison's recovery first."""
@@ -504,8 +516,8 @@ def _finetune_line(runs: list[dict], baseline: str, source: str) -> str:
     return (
         f"Finetune comparison: every run continues the model `{source}` for {steps} steps "
         f"({tokens} tokens): {baseline} continues it unchanged (the control), {converted} "
-        "continues the same weights converted at step 0; the arms of a seed share tokens, data "
-        "order, learning-rate schedule and steps."
+        f"continues the same weights {_how_converted(runs, baseline)}; the arms of a seed share "
+        "tokens, data order, learning-rate schedule and steps."
     )
 
 
@@ -555,7 +567,8 @@ def _recovery_section(
         "## Recovery (validation loss, nats/token)",
         "",
         f"Every run starts from `{source}`: {baseline} continues it unchanged, "
-        f"{', '.join(_converted(runs, baseline))} converts it at step 0 and continues. The arms "
+        f"{', '.join(_converted(runs, baseline))} continues it "
+        f"{_how_converted(runs, baseline)}. The arms "
         "of a seed see the same tokens in the same order under the same schedule; losses are "
         "compared at equal validation steps, the end is the last step both arms validated. "
         "\"reaches the input's loss\": the first validation step at or below the input model's "

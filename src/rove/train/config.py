@@ -42,7 +42,7 @@ from rove.precision import DTYPES
 from rove.rotary import SCALING_KINDS
 from rove.train.distributed import PARALLEL
 from rove.train.schedule import LR_SCHEDULES
-from rove.train.source import SourceModel, read_source, source_scaling
+from rove.train.source import CONVERSIONS, SourceModel, read_source, source_scaling
 
 __all__ = [
     "DECAY_SHAPES",
@@ -173,6 +173,11 @@ class TrainConfig:
     # rove.rotary.SCALING_KINDS and its factor (> 1), or None for the source's own frequencies
     scaling: str | None = None
     scaling_factor: float | None = None
+    # how a finetune converts a RoPE source to RoVE (pos rove): "smooth" ramps the V/O rotations
+    # from none of their angles (the source's function) to all of them over ramp_steps steps,
+    # "hard" switches at step 0; None = smooth where it applies (resolved; None elsewhere)
+    conversion: str | None = None
+    ramp_steps: int | None = None  # smooth only; None = a tenth of max_steps
     # --- data ---
     data: str | None = None  # corpus: "stdlib" | "fineweb-edu" | a local file/folder path
     tokenizer: str | None = None  # "gpt2" | "byte" | "hf:PATH"; None = data_dir's, else recipe's
@@ -344,11 +349,17 @@ class TrainConfig:
             if self.parallel == "fsdp":
                 raise ValueError("parallel 'fsdp' is not supported with init_from; use 'ddp'")
             self._check_scaling()
+            self._check_conversion()
             return
         if self.scaling is not None or self.scaling_factor is not None:
             raise ValueError(
                 "scaling and scaling_factor change the frequencies of a model continued from "
                 "init_from; a run without init_from trains its own"
+            )
+        if self.conversion is not None or self.ramp_steps is not None:
+            raise ValueError(
+                "conversion and ramp_steps say how a model continued from init_from becomes "
+                "RoVE; a run without init_from has no model to convert"
             )
         try:
             model = build_model_config(self, vocab_size=VOCAB_MULTIPLE)
@@ -370,6 +381,23 @@ class TrainConfig:
         if not (_finite(self.scaling_factor) and self.scaling_factor > 1):  # type: ignore[operator]
             raise ValueError(
                 f"scaling_factor must be a finite number > 1, got {self.scaling_factor!r}"
+            )
+
+    def _check_conversion(self) -> None:
+        """A finetune's conversion: smooth or hard, and a ramp (smooth only) within the run."""
+        if self.conversion is not None:
+            _choice("conversion", self.conversion, CONVERSIONS)
+        _positive_int("ramp_steps", self.ramp_steps, optional=True)
+        if self.ramp_steps is not None and self.conversion == "hard":
+            raise ValueError("ramp_steps goes with conversion 'smooth', not 'hard'")
+        if (
+            self.ramp_steps is not None
+            and self.max_steps is not None
+            and self.ramp_steps > self.max_steps
+        ):
+            raise ValueError(
+                f"ramp_steps ({self.ramp_steps}) must be <= max_steps ({self.max_steps}): "
+                "the run ends as plain RoVE"
             )
 
     def _check_warmup(self) -> None:
@@ -439,6 +467,7 @@ class TrainConfig:
                 values["warmup_steps"] = min(values["warmup_steps"], steps // 10)
             if self.eval_interval is None:
                 values["eval_interval"] = min(values["eval_interval"], max(1, steps // 10))
+            _resolve_conversion(values, source)
         return cast("ResolvedTrainConfig", TrainConfig(**values))
 
     def grad_accum_steps(self, world_size: int = 1) -> int:
@@ -449,7 +478,7 @@ class TrainConfig:
             raise ValueError(
                 f"tokens_per_step ({cfg.tokens_per_step}) must be a multiple of micro_batch "
                 f"({cfg.micro_batch}) x seq_len ({cfg.seq_len}) x world_size ({world_size}) "
-                f"= {per_micro}"
+                f"= {per_micro}: change --tokens-per-step or --micro-batch"
             )
         return cfg.tokens_per_step // per_micro
 
@@ -498,7 +527,8 @@ def _finetune_defaults(values: dict, source: SourceModel) -> dict:
     A rove checkpoint continues as it was trained: its preset, data, tokenizer, batch, learning
     rate, evaluation and context, unless given (at another context, the micro-batch keeps its
     tokens: a 4x longer ``seq_len`` takes a quarter of the rows). A Hugging Face folder takes ``preset``'s recipe,
-    with its own tokenizer (``hf:<folder>``). Either way the length of the continuation is the
+    with its own tokenizer (``hf:<folder>``), its micro-batch likewise rescaled from the preset's
+    context to a given ``seq_len``. Either way the length of the continuation is the
     caller's: ``max_steps`` or ``token_budget`` must be given; the warm-up defaults to at most a
     tenth of it, and validation to at least every tenth (the recovery curve).
     """
@@ -512,7 +542,10 @@ def _finetune_defaults(values: dict, source: SourceModel) -> dict:
     if source.kind == "hf":
         if values["tokenizer"] is None and values["data_dir"] is None:
             values["tokenizer"] = f"{HF_PREFIX}{source.path.resolve()}"
-        return RECIPES[values["preset"]]
+        # the recipe's batch was made for the preset's context
+        recipe = dict(RECIPES[values["preset"]])
+        context = PRESETS[values["preset"]].get("block_size", GPTConfig.block_size)
+        return _same_tokens(values, recipe, context)
     stored = source.train_config or {}
     values["preset"] = stored.get("preset", values["preset"])
     if values["data"] is None and values["data_dir"] is None:
@@ -523,10 +556,30 @@ def _finetune_defaults(values: dict, source: SourceModel) -> dict:
     if values["seq_len"] is None:
         values["seq_len"] = source.block_size
     recipe = {name: stored.get(name, RECIPES[values["preset"]][name]) for name in _RECIPE_FIELDS}
-    if values["micro_batch"] is None and source.block_size:  # a longer context: fewer rows,
-        rows = recipe["micro_batch"] * source.block_size // values["seq_len"]  # same tokens
-        recipe["micro_batch"] = max(1, rows)
+    return _same_tokens(values, recipe, source.context)
+
+
+def _same_tokens(values: dict, recipe: dict, context: int) -> dict:
+    """``recipe`` with its micro-batch rescaled from ``context`` to a given ``seq_len`` (unless
+    one is given): a 4x longer context takes a quarter of the rows, so the recipe's tokens per
+    step stay a whole number of micro-batches."""
+    if values["micro_batch"] is None and values["seq_len"] is not None:
+        recipe["micro_batch"] = max(1, recipe["micro_batch"] * context // values["seq_len"])
     return recipe
+
+
+def _resolve_conversion(values: dict, source: SourceModel) -> None:
+    """The conversion of a RoPE source continued as RoVE (default smooth, its ramp a tenth of
+    the run: long enough to move the function gently, short enough to leave most of the run
+    to recover as plain RoVE); None for every other arm (the control), whose run it does not
+    change, so both arms of a comparison share their other fields."""
+    if values["pos"] != "rove" or source.pos != "rope":
+        values["conversion"] = values["ramp_steps"] = None
+        return
+    if values["conversion"] is None:
+        values["conversion"] = "smooth"
+    if values["conversion"] == "smooth" and values["ramp_steps"] is None:
+        values["ramp_steps"] = max(1, values["max_steps"] // 10)
 
 
 def check_source_tokenizer(cfg: ResolvedTrainConfig) -> None:

@@ -51,6 +51,7 @@ from rove import run_files
 from rove._version import __version__
 from rove.checkpoint import capture_rng, save_checkpoint
 from rove.data import TokenLoader, verify_data_identity
+from rove.functional import conversion_fraction
 from rove.model import GPT
 from rove.precision import autocast_dtype
 from rove.terminal import interactive
@@ -359,6 +360,7 @@ def _take_step(run: Run, state: Progress, model: torch.nn.Module) -> dict[str, f
     """
     cfg, step = run.cfg, state.step
     lr = _lr_at(cfg, step)
+    fraction = _convert_at(run, step)
     t0 = time.perf_counter()
     try:
         loss, norm = train_step(
@@ -397,7 +399,21 @@ def _take_step(run: Run, state: Progress, model: torch.nn.Module) -> dict[str, f
     util = mfu(run.flops_per_token, tok_s / run.info.world_size, run.peak_flops)
     if util is not None:
         record["mfu"] = util
+    if fraction is not None:
+        record["rove_fraction"] = fraction
     return record
+
+
+def _convert_at(run: Run, step: int) -> float | None:
+    """A smooth conversion's RoVE fraction at ``step`` (:func:`conversion_fraction`), set on
+    the model; None for other runs. A function of the step, as the learning rate is."""
+    cfg = run.cfg
+    if cfg.conversion != "smooth":
+        return None
+    assert cfg.ramp_steps is not None  # resolved with the conversion
+    fraction = conversion_fraction(step, cfg.ramp_steps)
+    run.raw.set_rove_fraction(fraction)
+    return fraction
 
 
 def _due(step: int, interval: int, max_steps: int) -> bool:
@@ -408,6 +424,7 @@ def _due(step: int, interval: int, max_steps: int) -> bool:
 
 def _validate(run: Run, compiled: torch.nn.Module, at: int, last_ckpt: Path | None) -> float:
     """The validation loss at step ``at``; raises if the data changed or the loss is not finite."""
+    _convert_at(run, at)
     verify_data_identity(run.data.identity, run.data.dir)  # not under a running job
     value = evaluate(compiled, run.data.dir, run.cfg, run.info, run.amp)
     if not math.isfinite(value):

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from rove.hf.conversion import HFPos
 
 __all__ = [
+    "CONVERSIONS",
     "SourceModel",
     "build_source_model",
     "load_any_model",
@@ -45,6 +46,9 @@ __all__ = [
 ]
 
 SourceKind = Literal["checkpoint", "hf"]
+# how a finetune converts a RoPE source to RoVE: "smooth" ramps RoVE's V/O rotations from 0 to
+# all of their angles (the model starts as its source's function), "hard" switches at step 0
+CONVERSIONS: tuple[str, ...] = ("smooth", "hard")
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,12 @@ class SourceModel:
     def block_size(self) -> int | None:
         """The context the source was trained at, where it says so (a rove checkpoint)."""
         return int(self.model_config["block_size"]) if self.kind == "checkpoint" else None
+
+    @property
+    def context(self) -> int:
+        """The context the source was trained at: a rove checkpoint's ``block_size``, a Hugging
+        Face folder's ``max_position_embeddings``."""
+        return self.block_size or int(self.model_config["max_position_embeddings"])
 
     def identity(self) -> dict[str, Any]:
         """What a run records about its source (``recipe.json``'s ``source``)."""
@@ -165,9 +175,8 @@ def source_scaling(source: SourceModel, kind: str, factor: float) -> Scaling:
         trained = trained_scaling(hf_config)
     else:
         trained = Scaling.from_dict(config["rope_scaling"]) if config.get("rope_scaling") else None
-    context = source.block_size or int(config["max_position_embeddings"])
     try:
-        return scaling_on_top(trained, kind, factor, context)
+        return scaling_on_top(trained, kind, factor, source.context)
     except ValueError as err:
         raise ValueError(f"init_from {source.path}: {err}") from None
 
@@ -186,8 +195,11 @@ def build_source_model(
     source's context, see :func:`source_scaling`) made part of the model.
 
     ``pos == source.pos`` and no scaling give the source's own function; the other rotary
-    ``pos`` converts it (same parameters, V/O rotated).
+    ``pos`` converts it (same parameters, V/O rotated). A ``block_size`` shorter than the
+    source's context keeps the source's: the model was trained that far, and a later
+    inference-time scaling counts from there.
     """
+    block_size = max(block_size, source.context)
     scaled = None
     if scaling is not None:
         assert scaling_factor is not None  # TrainConfig gives both or neither
