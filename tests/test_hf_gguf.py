@@ -197,3 +197,14 @@ def test_a_finetune_continues_the_gguf_as_rove(gguf_file, tmp_path, monkeypatch)
     assert run_dir.name == "tiny-llama.F32-rove-seed0"
     model, _ = load_any_model(run_dir)
     assert model.config.pos == "rove"
+
+
+def test_data_are_prepared_with_the_files_tokenizer(gguf_file, tmp_path, monkeypatch):
+    """``--tokenizer hf:m.gguf`` is the tokenizer ``rove finetune m.gguf`` checks data against."""
+    from rove.data import get_tokenizer
+
+    path, _ = gguf_file
+    monkeypatch.setenv("ROVE_GGUF_DIR", str(tmp_path / "cache"))
+    from_file = get_tokenizer(f"hf:{path}")
+    assert from_file.identity() == get_tokenizer(f"hf:{gguf_folder(path)}").identity()
+    assert from_file.encode(" the") == [256, 257]  # the merges "Ġ t" and "h e"
