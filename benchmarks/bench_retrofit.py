@@ -244,6 +244,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--band-windows", type=int, default=4, help="held-out windows of 2048")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument(
+        "--no-conversion-cost",
+        action="store_true",
+        help="skip (a): for arms run in another process beside a full run (merge the --json)",
+    )
+    parser.add_argument(
         "--eval-files", nargs="+", type=Path, default=[LICENSES / name for name in EVAL_FILES]
     )
     parser.add_argument("--threads", type=int, default=2)
@@ -287,9 +292,11 @@ def main(argv: list[str] | None = None) -> None:
         ]
     )
     model.eval()
-    conversion = {"source (RoPE)": by_band(token_nll(model, long))}
-    conversion["hard RoVE"] = by_band(token_nll(rove.hf.convert(model, "rove"), long))
-    rove.hf.convert(model, "rope")
+    conversion = {}
+    if not args.no_conversion_cost:
+        conversion["source (RoPE)"] = by_band(token_nll(model, long))
+        conversion["hard RoVE"] = by_band(token_nll(rove.hf.convert(model, "rove"), long))
+        rove.hf.convert(model, "rope")
     for name, row in conversion.items():
         print(f"  {name:14s} " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
 
