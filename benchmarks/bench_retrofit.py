@@ -188,7 +188,7 @@ def plot(results: dict, conversion: dict, final: dict, path: Path) -> None:
     left.set(
         xlabel="position band (tokens)",
         ylabel="NLL per token",
-        title="held-out NLL by position, before/after",
+        title="held-out NLL by position band (2048-token windows)",
     )
     left.legend(fontsize=8)
     for arm, res in results.items():
@@ -224,9 +224,10 @@ def tables(conversion: dict, final: dict, results: dict, seq_len: int) -> list[s
         f"| held-out NLL at {seq_len} tokens, by step | " + " | ".join(results) + " |",
         "|---|" + "---|" * len(results),
     ]
-    for i, point in enumerate(next(iter(results.values()))["curve"]):
-        vals = " | ".join(f"{results[arm]['curve'][i]['val_nll']:.4f}" for arm in results)
-        lines.append(f"| {point['step']} | {vals} |")
+    at = {arm: {p["step"]: p["val_nll"] for p in res["curve"]} for arm, res in results.items()}
+    for step in sorted({step for curve in at.values() for step in curve}):
+        vals = [f"{at[arm][step]:.4f}" if step in at[arm] else "-" for arm in results]
+        lines.append(f"| {step} | " + " | ".join(vals) + " |")
     seconds = ", ".join(f"{arm} {res['seconds']:.0f}" for arm, res in results.items())
     return [*lines, "", f"Seconds per arm (training and its evaluations): {seconds}."]
 
