@@ -106,3 +106,33 @@ def test_cpu_benchmarks_run_and_record(tmp_path, capsys):
     for name in ("bench_attention", "bench_kernels", "bench_train"):
         assert f": {name}\n" in text
     assert text.count("[") > 10  # spreads next to the medians
+
+
+def test_hf_forward_benchmark_runs_and_records(tmp_path):
+    pytest.importorskip("transformers")
+    import bench_hf_forward
+
+    results = tmp_path / "RESULTS.md"
+    bench_hf_forward.main(["--layers", "1", "--shapes", "1x8", "--rounds", "2", "--threads", "1",
+                           "--results", str(results)])  # fmt: skip
+    assert "| 1x8 |" in results.read_text() and "RoVE / RoPE" in results.read_text()
+
+
+def test_retrofit_benchmark_redraws_a_saved_run(tmp_path, capsys):
+    """bench_retrofit's tables and figure from a --json (the run itself needs the 93 MB GGUF)."""
+    import json
+
+    import bench_retrofit
+
+    band = {"0-256": 3.0, "256-1024": 2.5, "1024-2048": 2.4, "all": 2.6}
+    curve = [{"step": 0, "val_nll": 3.1, "a": 0.0}, {"step": 4, "val_nll": 2.9, "a": 1.0}]
+    saved = {"conversion": {"source (RoPE)": band, "hard RoVE": band},
+             "final": {"rope": band, "smooth": band},
+             "arms": {"rope": {"curve": curve, "seconds": 1.0},
+                      "smooth": {"curve": curve, "seconds": 2.0}}}  # fmt: skip
+    (tmp_path / "run.json").write_text(json.dumps(saved))
+    figure = tmp_path / "fig.png"
+    bench_retrofit.main(["--from-json", str(tmp_path / "run.json"), "--figure", str(figure)])
+    out = capsys.readouterr().out
+    assert "| smooth after 4 steps | 3.000 | 2.500 | 2.400 | 2.600 |" in out
+    assert "| 4 | 2.9000 | 2.9000 |" in out and figure.stat().st_size > 0

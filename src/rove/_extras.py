@@ -30,6 +30,7 @@ EXTRAS: dict[str, str] = {
     "datasets": "fineweb",
     "sklearn": "vision",
     "triton": "triton",
+    "gguf": "gguf",
 }
 
 

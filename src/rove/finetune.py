@@ -8,8 +8,9 @@ Examples::
     rove finetune --demo                                          # all of it on a CPU, minutes
     rove finetune --demo --quick                                  # its smoke test, seconds
 
-``MODEL`` is a rove run (or checkpoint) folder or a Hugging Face folder of a type
-:func:`rove.hf.convert` supports. The run is ``rove train`` with ``init_from=MODEL``
+``MODEL`` is a rove run (or checkpoint) folder, a Hugging Face folder of a type
+:func:`rove.hf.convert` supports, or a GGUF file of one (dequantised once into a cached
+folder, :mod:`rove.hf.gguf`). The run is ``rove train`` with ``init_from=MODEL``
 (:mod:`rove.train.source`): the same flags, ``--config``, resume, checkpoints and signals; a
 rove model continues with its own recipe unless a flag changes it, and ``--max-steps`` (or
 ``--token-budget``) is how long. ``--pos rove`` converts the model (no new parameters, the V/O
@@ -83,8 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         "init_from",
         metavar="MODEL",
         nargs="?",
-        help="rove run or checkpoint folder, or Hugging Face model folder (llama, qwen2, "
-        "gpt_neox, ...), with a RoPE or RoVE attention",
+        help="rove run or checkpoint folder, Hugging Face model folder (llama, qwen2, "
+        "gpt_neox, ...) or GGUF file, with a RoPE or RoVE attention",
     )
     p.add_argument(
         "--demo",

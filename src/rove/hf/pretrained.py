@@ -64,17 +64,24 @@ def register_auto_classes() -> None:
 
 
 def from_pretrained(path: str | Path, pos: HFPos | None = None, **kwargs: Any) -> Any:
-    """A Hugging Face causal LM folder (or hub id) as a transformers model, without remote code.
+    """A Hugging Face causal LM folder (or hub id, or GGUF file) as a transformers model,
+    without remote code.
 
     A folder saved after ``convert(model, "rove")`` loads as RoVE, a rove export as what it
-    is (:func:`rove.hf.load_exported`), any other model as saved; ``pos`` converts the loaded
-    model (``"rove"``: a RoPE checkpoint as RoVE; ``"rope"``: a RoVE one back). ``kwargs`` go
-    to ``from_pretrained`` (``dtype``, ``device_map``, ``attn_implementation`` ...).
+    is (:func:`rove.hf.load_exported`), a ``.gguf`` file dequantised as a plain model that
+    ``save_pretrained`` writes (:mod:`rove.hf.gguf`), any other model as saved; ``pos``
+    converts the loaded model (``"rove"``: a RoPE checkpoint as RoVE; ``"rope"``: a RoVE one
+    back). ``kwargs`` go to ``from_pretrained`` (``dtype``, ``device_map``,
+    ``attn_implementation`` ...).
     """
     from transformers import AutoModelForCausalLM, PretrainedConfig
 
+    from rove.hf.gguf import is_gguf, load_gguf_model
     from rove.hf.modeling_rove_gpt import RoveGPTForCausalLM
 
+    if is_gguf(path):
+        model = load_gguf_model(path, **kwargs)
+        return model if pos is None else convert(model, pos)
     model_type = PretrainedConfig.get_config_dict(path)[0].get("model_type")
     if model_type == RoveGPTForCausalLM.config_class.model_type:
         if pos is not None:

@@ -8,10 +8,12 @@ function, so the converted model has to recover). Two kinds of source:
 - a rove run folder or checkpoint folder (``kind == "checkpoint"``): rove's own GPT, whose ``pos``
   is a config field, or an earlier finetune of a Hugging Face model;
 - a Hugging Face model folder (``kind == "hf"``) of a type :func:`rove.hf.convert` supports (Llama, Qwen,
-  GPT-NeoX, ...), wrapped as :class:`rove.hf.causal_lm.HFCausalLM` and converted in place.
+  GPT-NeoX, ...), wrapped as :class:`rove.hf.causal_lm.HFCausalLM` and converted in place;
+  a GGUF file is one too, once dequantised into a cached folder (:func:`rove.hf.gguf.gguf_folder`).
 
 :func:`read_source` reads only the small files (a checkpoint's meta, a ``config.json``): a
-config resolves and validates against its source before any weight or data is loaded.
+config resolves and validates against its source before any weight or data is loaded (a GGUF's
+folder is written on the first read, the later ones find it).
 (The other direction, a run's stored model config back to an empty model of the right class, is
 :func:`rove.hf.any_model.model_from_config`.)
 """
@@ -101,10 +103,13 @@ def read_source(path: str | Path) -> SourceModel:
     model, not a rotary model, an architecture :func:`rove.hf.convert` does not know.
     """
     from rove.checkpoint import META_FILE, CheckpointError, find_checkpoint
+    from rove.hf.gguf import gguf_folder, is_gguf
 
     root = Path(path).expanduser()
     if not root.exists():
         raise FileNotFoundError(f"init_from {root}: no such file or folder")
+    if is_gguf(root):  # dequantised once into a cached Hugging Face folder
+        return _hf_source(gguf_folder(root), name=root.stem)
     if (root / "config.json").is_file() and not (root / META_FILE).is_file():
         return _hf_source(root)
     try:
@@ -112,7 +117,8 @@ def read_source(path: str | Path) -> SourceModel:
         meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
     except (FileNotFoundError, CheckpointError, OSError, ValueError) as err:
         raise ValueError(
-            f"init_from {root}: not a rove run, checkpoint or Hugging Face model folder ({err})"
+            f"init_from {root}: not a rove run, checkpoint, Hugging Face model folder or GGUF "
+            f"file ({err})"
         ) from None
     model_config = meta.get("model_config")
     if not isinstance(model_config, dict):
@@ -131,8 +137,9 @@ def read_source(path: str | Path) -> SourceModel:
     )
 
 
-def _hf_source(folder: Path) -> SourceModel:
-    """A Hugging Face model folder, checked to be one :func:`rove.hf.convert` can switch."""
+def _hf_source(folder: Path, name: str | None = None) -> SourceModel:
+    """A Hugging Face model folder, checked to be one :func:`rove.hf.convert` can switch;
+    ``name`` (default: the folder's) names the runs continuing it."""
     from rove.hf.conversion import MODEL_TYPE, STATE_KEY, SUPPORTED_MODEL_TYPES
 
     try:
@@ -151,7 +158,7 @@ def _hf_source(folder: Path) -> SourceModel:
     return SourceModel(
         kind="hf",
         path=folder,
-        name=source_name(folder),
+        name=name or source_name(folder),
         pos=pos,
         model_config=config,
         train_config=None,

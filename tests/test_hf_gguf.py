@@ -1,0 +1,210 @@
+"""GGUF files in the loop (issue 30): ``rove.hf.from_pretrained("m.gguf")`` and a finetune's
+GGUF source give a plain model that equals the file's tensors, converts, saves and reloads.
+
+The GGUF is written here, offline, from a tiny random Llama with ``gguf.GGUFWriter``: llama.cpp's
+tensor names and q/k row order, and a byte-level BPE tokenizer in the metadata, as llama.cpp's
+converter writes them. F32 tensors, so the dequantised model must equal the source bit for bit.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from fresh_process import run_python
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+import rove.hf  # noqa: E402
+from rove.hf.gguf import SOURCE_FILE, gguf_folder  # noqa: E402
+from rove.train.source import read_source  # noqa: E402
+
+HEADS, KV_HEADS = 4, 2
+SPECIAL = "<|endoftext|>"
+
+
+def _byte_vocab() -> tuple[list[str], list[str]]:
+    """A byte-level BPE vocabulary: the 256 byte symbols, two merges, one control token."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tokens = list(bytes_to_unicode().values())
+    merges = ["Ġ t", "h e"]
+    return [*tokens, "Ġt", "he", SPECIAL], merges
+
+
+def _llama_cpp_order(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's row order of a q/k projection (its converter's ``permute``), which
+    transformers undoes on load: the rotary halves interleaved per head."""
+    out = weight.shape[0]
+    return weight.reshape(heads, 2, out // heads // 2, -1).transpose(1, 2).reshape(weight.shape)
+
+
+def tiny_llama_gguf(path: Path) -> transformers.LlamaForCausalLM:
+    """Write a 2-layer random Llama (tied embeddings, GQA) as the GGUF ``path``; return it."""
+    tokens, merges = _byte_vocab()
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokens), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=256,
+        rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        bos_token_id=len(tokens) - 1, eos_token_id=len(tokens) - 1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # norms away from 1, so a lost norm tensor shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-llama")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_dimension_count(config.hidden_size // HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_merges(merges)
+    writer.add_token_types([1] * (len(tokens) - 1) + [3])  # 1 normal, 3 control
+    writer.add_bos_token_id(len(tokens) - 1)
+    writer.add_eos_token_id(len(tokens) - 1)
+    writer.add_add_bos_token(False)
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}  # fmt: skip
+    state = model.state_dict()
+    writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"].numpy())
+    writer.add_tensor("output_norm.weight", state["model.norm.weight"].numpy())
+    for i in range(config.num_hidden_layers):
+        for hf_name, cpp_name in names.items():
+            weight = state[f"model.layers.{i}.{hf_name}.weight"]
+            if cpp_name in ("attn_q", "attn_k"):
+                weight = _llama_cpp_order(weight, HEADS if cpp_name == "attn_q" else KV_HEADS)
+            writer.add_tensor(f"blk.{i}.{cpp_name}.weight", weight.contiguous().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    path = tmp_path_factory.mktemp("gguf") / "tiny-llama.F32.gguf"
+    return path, tiny_llama_gguf(path)
+
+
+IDS = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+def test_from_pretrained_equals_the_files_tensors(gguf_file):
+    path, source = gguf_file
+    model = rove.hf.from_pretrained(path)
+    assert getattr(model.config, "quantization_config", None) is None  # a plain model
+    assert torch.equal(_logits(model), _logits(source))
+    assert model.model.embed_tokens.weight is model.lm_head.weight  # still tied
+    rove_model = rove.hf.from_pretrained(path, pos="rove")
+    assert rove.hf.current_pos(rove_model) == "rove"
+    assert torch.allclose(_logits(rove_model), _logits(rove.hf.convert(source, "rove")))
+    rove.hf.convert(source, "rope")
+
+
+FRESH = textwrap.dedent(
+    """
+    import sys, torch, rove.hf
+    folder, ids = sys.argv[1], torch.load(sys.argv[2])
+    model = rove.hf.from_pretrained(folder)
+    assert rove.hf.current_pos(model) == "rove"
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, torch.load(sys.argv[3]))
+    print("ok")
+    """
+)
+
+
+@pytest.mark.slow  # a second Python importing torch and transformers: ~20 s on 2 busy cores
+def test_save_and_reload_in_a_fresh_process(gguf_file, tmp_path):
+    """transformers refuses to save a model it read from a GGUF; rove's saves, as RoVE."""
+    path, _ = gguf_file
+    model = rove.hf.from_pretrained(path, pos="rove")
+    model.save_pretrained(tmp_path / "saved")
+    torch.save(IDS, tmp_path / "ids.pt")
+    torch.save(_logits(model), tmp_path / "logits.pt")
+    args = (tmp_path / "saved", tmp_path / "ids.pt", tmp_path / "logits.pt")
+    assert run_python(FRESH, *args).strip() == "ok"
+
+
+def test_finetune_source_is_a_cached_folder(gguf_file, tmp_path, monkeypatch):
+    """``read_source("m.gguf")``: a Hugging Face source whose folder holds the plain weights and
+    the file's tokenizer, written once (a second read finds it) and named after the file."""
+    path, source = gguf_file
+    monkeypatch.setenv("ROVE_GGUF_DIR", str(tmp_path / "cache"))
+    found = read_source(path)
+    assert (found.kind, found.pos, found.name) == ("hf", "rope", "tiny-llama.F32")
+    assert found.path.parent == tmp_path / "cache" and (found.path / SOURCE_FILE).is_file()
+    assert (found.path / "tokenizer.json").is_file()
+    stamp = (found.path / "config.json").stat().st_mtime_ns
+    assert read_source(path).path == found.path == gguf_folder(path)
+    assert (found.path / "config.json").stat().st_mtime_ns == stamp  # not written again
+    assert torch.equal(_logits(transformers.AutoModelForCausalLM.from_pretrained(found.path)),
+                       _logits(source))  # fmt: skip
+    tok = transformers.AutoTokenizer.from_pretrained(found.path)
+    assert tok.decode(tok("the theme").input_ids) == "the theme"
+    assert tok(" t").input_ids == [256]  # the file's merge, not two bytes
+
+
+def test_bad_files_are_named(tmp_path):
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"not a gguf")
+    with pytest.raises(ValueError, match=r"model\.gguf is not a GGUF file"):
+        rove.hf.from_pretrained(fake)
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        read_source(fake)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_source(tmp_path / "missing.gguf")
+
+
+@pytest.mark.slow  # prepares data and trains: ~40 s on 2 busy cores
+def test_a_finetune_continues_the_gguf_as_rove(gguf_file, tmp_path, monkeypatch):
+    """``rove finetune m.gguf``'s run: trains on data in the file's tokenizer, named after it."""
+    from rove.train import TrainConfig, train
+    from rove.train.source import load_any_model
+
+    path, _ = gguf_file
+    monkeypatch.setenv("ROVE_GGUF_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ROVE_DATA_DIR", str(tmp_path / "data"))
+    cfg = TrainConfig(
+        init_from=str(path), out_dir=str(tmp_path / "runs"), pos="rove", seq_len=32,
+        micro_batch=4, tokens_per_step=128, max_steps=2, eval_tokens=256, dtype="fp32",
+        data_max_tokens=20_000,
+    )  # fmt: skip
+    assert cfg.resolve().tokenizer == f"hf:{gguf_folder(path).resolve()}"
+    run_dir = train(cfg, progress=False)
+    assert run_dir.name == "tiny-llama.F32-rove-seed0"
+    model, _ = load_any_model(run_dir)
+    assert model.config.pos == "rove"
+
+
+def test_data_are_prepared_with_the_files_tokenizer(gguf_file, tmp_path, monkeypatch):
+    """``--tokenizer hf:m.gguf`` is the tokenizer ``rove finetune m.gguf`` checks data against."""
+    from rove.data import get_tokenizer
+
+    path, _ = gguf_file
+    monkeypatch.setenv("ROVE_GGUF_DIR", str(tmp_path / "cache"))
+    from_file = get_tokenizer(f"hf:{path}")
+    assert from_file.identity() == get_tokenizer(f"hf:{gguf_folder(path)}").identity()
+    assert from_file.encode(" the") == [256, 257]  # the merges "Ġ t" and "h e"
