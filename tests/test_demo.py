@@ -94,6 +94,19 @@ def test_a_slow_machine_trains_fewer_steps_and_the_title_says_so():
     assert fit_to_budget(cfg, 100, 0) == cfg  # --budget 0: never shortened
 
 
+def test_a_loaded_machine_runs_the_same_recipe(tmp_path, monkeypatch, capsys):
+    """The probe only announces the time: a busy machine (a probe of 100 tokens/s) runs the fixed
+    recipe, so the same command finds the same numbers whatever the load."""
+    import rove.demo as demo
+
+    seen: list = []
+    monkeypatch.setattr(demo, "run_and_print", lambda prog, cfg, **kw: seen.append(cfg) or 0)
+    monkeypatch.setattr(demo, "probe_tokens_per_second", lambda train: 100.0)
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--no-progress"]) == 0
+    assert seen[-1] == demo_config(out_dir=str(tmp_path / "demo"))
+    assert "x 160 steps" in capsys.readouterr().out
+
+
 def test_a_demo_folder_resumes_the_recipe_it_started_with(tmp_path, monkeypatch, capsys):
     """A second `rove demo` on a slower (or busier) moment must not change the recipe and so
     refuse or retrain the finished runs."""
@@ -103,7 +116,7 @@ def test_a_demo_folder_resumes_the_recipe_it_started_with(tmp_path, monkeypatch,
     seen: list = []
     monkeypatch.setattr(demo, "run_and_print", lambda prog, cfg, **kw: seen.append(cfg) or 0)
     monkeypatch.setattr(demo, "probe_tokens_per_second", lambda train: 6_000.0)
-    assert main(["demo", "--out", str(out), "--no-progress"]) == 0
+    assert main(["demo", "--out", str(out), "--no-progress", "--budget", "12.5"]) == 0
     first = seen[-1]
     assert first.train["max_steps"] < 160 and "about 13 min" in capsys.readouterr().out
     out.mkdir()
