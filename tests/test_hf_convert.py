@@ -118,6 +118,25 @@ def hidden_states(args: tuple, kwargs: dict) -> torch.Tensor:
     return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
 
 
+def attention_calls(model, ids: torch.Tensor, positions: torch.Tensor) -> list[tuple]:
+    """(module, hidden states in, output) of every attention module in one forward of ``model``."""
+    seen = []
+    hooks = [
+        m.register_forward_hook(
+            lambda mod, args, kwargs, out: seen.append((mod, hidden_states(args, kwargs), out[0])),
+            with_kwargs=True,
+        )
+        for m in attention_modules(model)
+    ]
+    try:
+        with torch.no_grad():
+            model(ids, position_ids=positions)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
 def attention_modules(model):
     return [m for m in model.modules() if type(m).__name__.endswith("Attention")]
 
@@ -191,18 +210,7 @@ def test_forward_matches_rove_attention(arch, rope):
     seq = 12
     positions = torch.stack([torch.arange(seq), torch.arange(seq) + 8])  # shifted second row
     ids = torch.randint(1, VOCAB, (2, seq))
-    seen = []
-    hooks = [
-        m.register_forward_hook(
-            lambda mod, args, kwargs, out: seen.append((mod, hidden_states(args, kwargs), out[0])),
-            with_kwargs=True,
-        )
-        for m in attention_modules(model)
-    ]
-    with torch.no_grad():
-        model(ids, position_ids=positions)
-    for h in hooks:
-        h.remove()
+    seen = attention_calls(model, ids, positions)
     rove.hf.convert(model, "rope")  # plain projections for the reference
     assert len(seen) == 2
     for attn, x, out in seen:

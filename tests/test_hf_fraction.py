@@ -14,11 +14,10 @@ from rove.reference import reference_attention  # noqa: E402
 from test_hf_convert import (  # noqa: E402
     ARCHS,
     VOCAB,
-    attention_modules,
+    attention_calls,
     cache_kwarg,
     hf_logit_scale,
     hf_rotary,
-    hidden_states,
     projections,
     scaling,
     tiny_model,
@@ -42,18 +41,7 @@ def test_layers_at_a_fraction_are_the_oracle(arch, rope, a):
     seq = 12
     positions = torch.stack([torch.arange(seq), torch.arange(seq) + 8])  # past 16: dynamic scales
     ids = torch.randint(1, VOCAB, (2, seq))
-    seen = []
-    hooks = [
-        m.register_forward_hook(
-            lambda mod, args, kwargs, out: seen.append((mod, hidden_states(args, kwargs), out[0])),
-            with_kwargs=True,
-        )
-        for m in attention_modules(model)
-    ]
-    with torch.no_grad():
-        model(ids, position_ids=positions)
-    for h in hooks:
-        h.remove()
+    seen = attention_calls(model, ids, positions)
     rove.hf.convert(model, "rope")  # plain projections for the reference
     assert len(seen) == 2
     for attn, x, out in seen:
