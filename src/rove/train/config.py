@@ -446,6 +446,7 @@ class TrainConfig:
         """
         recipe = RECIPES[self.preset]
         values = dataclasses.asdict(self)
+        source = None  # a resolved finetune whose source is gone keeps what it recorded
         if self.init_from is not None and not (
             self.is_resolved() and source_missing(self.init_from)
         ):
@@ -491,7 +492,8 @@ class TrainConfig:
         if self.init_from is not None:
             if self.eval_interval is None:  # ten validations draw a continuation's recovery curve
                 values["eval_interval"] = min(values["eval_interval"], max(1, steps // 10))
-            _resolve_conversion(values, source)
+            if source is not None:
+                _resolve_conversion(values, source)
         return cast("ResolvedTrainConfig", TrainConfig(**values))
 
     def grad_accum_steps(self, world_size: int = 1) -> int:
