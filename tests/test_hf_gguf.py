@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 import rove.hf  # noqa: E402
-from rove.hf.gguf import SOURCE_FILE, gguf_folder  # noqa: E402
+from rove.gguf import SOURCE_FILE, gguf_folder  # noqa: E402
 from rove.train.source import read_source  # noqa: E402
 
 HEADS, KV_HEADS = 4, 2

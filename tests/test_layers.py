@@ -57,6 +57,7 @@ LAYERS: dict[str, int] = {
     "rove.model": 4,
     "rove.checkpoint": 4,
     "rove.data": 5,
+    "rove.gguf": 5,  # a GGUF file as a plain model folder: data (its tokenizer) and hf use it
     "rove.stats": 6,
     "rove.hf": 7,
     "rove.train": 8,

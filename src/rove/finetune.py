@@ -10,7 +10,7 @@ Examples::
 
 ``MODEL`` is a rove run (or checkpoint) folder, a Hugging Face folder of a type
 :func:`rove.hf.convert` supports, or a GGUF file of one (dequantised once into a cached
-folder, :mod:`rove.hf.gguf`). The run is ``rove train`` with ``init_from=MODEL``
+folder, :mod:`rove.gguf`). The run is ``rove train`` with ``init_from=MODEL``
 (:mod:`rove.train.source`): the same flags, ``--config``, resume, checkpoints and signals; a
 rove model continues with its own recipe unless a flag changes it, and ``--max-steps`` (or
 ``--token-budget``) is how long. ``--pos rove`` converts the model (no new parameters, the V/O

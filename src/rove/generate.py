@@ -291,7 +291,7 @@ def _export_samples(
     from transformers.generation.streamers import BaseStreamer
 
     from rove.hf.export import load_exported
-    from rove.hf.progress import no_progress_bars
+    from rove.terminal import no_progress_bars
 
     with no_progress_bars():
         model = load_exported(folder).to(device).eval()

@@ -60,7 +60,7 @@ def load_gguf_model(path: str | Path, **kwargs: Any) -> Any:
     ``save_pretrained`` writes (``kwargs``, e.g. ``dtype``, go to transformers' loader)."""
     from transformers import AutoModelForCausalLM
 
-    from rove.hf.progress import no_progress_bars
+    from rove.terminal import no_progress_bars
 
     path = _checked(path)
     with no_progress_bars():

@@ -47,6 +47,7 @@ __all__ = [
     "error_line",
     "interactive",
     "key_value",
+    "no_progress_bars",
     "raise_on_signals",
     "signature_defaults",
 ]
@@ -234,3 +235,19 @@ def config_from_args(cls: type[Config], args: argparse.Namespace, **given: Any) 
     """An instance of dataclass ``cls`` from the parsed fields of the same name, plus ``given``."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # cls is a dataclass
     return cls(**{**{k: v for k, v in vars(args).items() if k in names}, **given})
+
+
+# transformers' progress bars ("Loading weights" for a small model, "Writing model shards" for a
+# one-file save) are noise in rove's command output, which has its own progress lines.
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off inside the block (as they were after it)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

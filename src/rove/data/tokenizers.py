@@ -214,7 +214,7 @@ def _load_gpt2_encoding() -> tiktoken.Encoding:
 
 class HFTokenizer(Tokenizer):
     """A local Hugging Face tokenizer: ``tokenizer.json`` (a file, or a folder holding one, or
-    a GGUF file, whose tokenizer is that of its cached folder, :func:`rove.hf.gguf.gguf_folder`).
+    a GGUF file, whose tokenizer is that of its cached folder, :func:`rove.gguf.gguf_folder`).
 
     Its name is ``hf:<first 12 hex of the file's sha256>`` and its fingerprint the full sha256, so
     the identity follows the file's content, not where it lies. The end-of-text token is the
@@ -229,7 +229,7 @@ class HFTokenizer(Tokenizer):
             from tokenizers import Tokenizer as RawTokenizer
         file = Path(path).expanduser()
         if file.suffix.lower() == ".gguf" and file.is_file():  # the tokenizer in its metadata
-            from rove.hf.gguf import gguf_folder
+            from rove.gguf import gguf_folder
 
             file = gguf_folder(file)
         if file.is_dir():

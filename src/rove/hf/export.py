@@ -35,12 +35,17 @@ from rove._version import __version__
 from rove.atomic import check_replaceable, replace_folder, write_json_atomic
 from rove.hf.conversion import current_pos
 from rove.hf.model_card import TrainingFacts, write_converted_card, write_export_card
-from rove.hf.progress import no_progress_bars
 from rove.hf.tokenizer import TOKENIZER_FILES, portable_tokenizer_class
 from rove.lock import lock_folder
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
-from rove.terminal import DefaultsFormatter, DeprecatedFlag, command, signature_defaults
+from rove.terminal import (
+    DefaultsFormatter,
+    DeprecatedFlag,
+    command,
+    no_progress_bars,
+    signature_defaults,
+)
 
 __all__ = ["export_model", "export_run", "load_exported", "main"]
 

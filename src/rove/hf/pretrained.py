@@ -69,14 +69,14 @@ def from_pretrained(path: str | Path, pos: HFPos | None = None, **kwargs: Any) -
 
     A folder saved after ``convert(model, "rove")`` loads as RoVE, a rove export as what it
     is (:func:`rove.hf.load_exported`), a ``.gguf`` file dequantised as a plain model that
-    ``save_pretrained`` writes (:mod:`rove.hf.gguf`), any other model as saved; ``pos``
+    ``save_pretrained`` writes (:mod:`rove.gguf`), any other model as saved; ``pos``
     converts the loaded model (``"rove"``: a RoPE checkpoint as RoVE; ``"rope"``: a RoVE one
     back). ``kwargs`` go to ``from_pretrained`` (``dtype``, ``device_map``,
     ``attn_implementation`` ...).
     """
     from transformers import AutoModelForCausalLM, PretrainedConfig
 
-    from rove.hf.gguf import is_gguf, load_gguf_model
+    from rove.gguf import is_gguf, load_gguf_model
     from rove.hf.modeling_rove_gpt import RoveGPTForCausalLM
 
     if is_gguf(path):

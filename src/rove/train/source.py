@@ -9,7 +9,7 @@ function, so the converted model has to recover). Two kinds of source:
   is a config field, or an earlier finetune of a Hugging Face model;
 - a Hugging Face model folder (``kind == "hf"``) of a type :func:`rove.hf.convert` supports (Llama, Qwen,
   GPT-NeoX, ...), wrapped as :class:`rove.hf.causal_lm.HFCausalLM` and converted in place;
-  a GGUF file is one too, once dequantised into a cached folder (:func:`rove.hf.gguf.gguf_folder`).
+  a GGUF file is one too, once dequantised into a cached folder (:func:`rove.gguf.gguf_folder`).
 
 :func:`read_source` reads only the small files (a checkpoint's meta, a ``config.json``): a
 config resolves and validates against its source before any weight or data is loaded (a GGUF's
@@ -103,7 +103,7 @@ def read_source(path: str | Path) -> SourceModel:
     model, not a rotary model, an architecture :func:`rove.hf.convert` does not know.
     """
     from rove.checkpoint import META_FILE, CheckpointError, find_checkpoint
-    from rove.hf.gguf import gguf_folder, is_gguf
+    from rove.gguf import gguf_folder, is_gguf
 
     root = Path(path).expanduser()
     if not root.exists():
@@ -220,7 +220,7 @@ def build_source_model(
         scaled = source_scaling(source, scaling, scaling_factor)
     if source.kind == "hf":
         from rove.hf.causal_lm import HFCausalLM
-        from rove.hf.progress import no_progress_bars
+        from rove.terminal import no_progress_bars
 
         arm = cast("HFPos", pos)  # checked by TrainConfig: one of ROTARY_POS
         try:
