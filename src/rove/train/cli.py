@@ -46,6 +46,7 @@ from rove.train.config import (
     LR_SCHEDULES,
     TOKENIZERS,
     TrainConfig,
+    default_run_name,
     warmup_note,
 )
 from rove.train.distributed import PARALLEL
@@ -244,7 +245,7 @@ def read_config(path: str) -> dict:
         raise ValueError(f"{path}: {err}") from None
     # a run_name that resolve() derived from preset, pos and seed is derived again, so a replay
     # with another --seed or --pos is a new run, not the stored run's folder
-    derived = f"{data.get('preset')}-{data.get('pos')}-seed{data.get('seed')}"
+    derived = default_run_name(str(data.get("preset")), str(data.get("pos")), data.get("seed"))
     if data.get("run_name") == derived:
         data = {**data, "run_name": None}
     return data

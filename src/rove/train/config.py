@@ -64,6 +64,7 @@ __all__ = [
     "check_source_tokenizer",
     "compiles_by_default",
     "data_tokenizer",
+    "default_run_name",
     "pad_vocab",
     "run_fingerprint",
 ]
@@ -465,7 +466,7 @@ class TrainConfig:
         if values["compile"] is None:
             values["compile"] = compiles_by_default(self.device)
         if values["run_name"] is None:
-            values["run_name"] = f"{values['preset']}-{self.pos}-seed{self.seed}"
+            values["run_name"] = default_run_name(values["preset"], self.pos, self.seed)
         per_step = values["tokens_per_step"]
         steps, budget = values["max_steps"], values["token_budget"]
         if steps is None:
@@ -579,7 +580,7 @@ def _finetune_defaults(values: dict, source: SourceModel) -> dict:
             "how long to continue the model"
         )
     if values["run_name"] is None:
-        values["run_name"] = f"{source.name}-{values['pos']}-seed{values['seed']}"
+        values["run_name"] = default_run_name(source.name, values["pos"], values["seed"])
     if source.kind == "hf":
         if values["tokenizer"] is None and values["data_dir"] is None:
             values["tokenizer"] = f"{HF_PREFIX}{source.path.resolve()}"
@@ -608,6 +609,12 @@ def _same_tokens(values: dict, recipe: dict, context: int) -> dict:
     if values["micro_batch"] is None and values["seq_len"] is not None:
         recipe["micro_batch"] = max(1, recipe["micro_batch"] * context // values["seq_len"])
     return recipe
+
+
+def default_run_name(stem: str, pos: str, seed: object) -> str:
+    """A run's folder name when none is given: ``<preset or source>-<pos>-seed<seed>``; a
+    resume and a ``--config`` replay derive it again, so it is spelled once."""
+    return f"{stem}-{pos}-seed{seed}"
 
 
 def _resolve_conversion(values: dict, source: SourceModel) -> None:

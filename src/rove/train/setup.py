@@ -48,6 +48,7 @@ from rove.train.config import (
     RESUMABLE_CHANGES,
     TrainConfig,
     build_model_config,
+    default_run_name,
     run_fingerprint,
 )
 from rove.train.distributed import (
@@ -191,7 +192,7 @@ def replay_recipe(cfg: TrainConfig) -> TrainConfig:
     name = cfg.run_name
     if name is None:  # resolve()'s default name, without reading a finetune's source
         first = source_name(cfg.init_from) if cfg.init_from else cfg.preset
-        name = f"{first}-{cfg.pos}-seed{cfg.seed}"
+        name = default_run_name(first, cfg.pos, cfg.seed)
     recipe = _recorded_recipe(Path(cfg.out_dir) / name)
     if recipe is None:
         return cfg
