@@ -39,6 +39,7 @@ __all__ = [
     "exchange",
     "fsync_dir",
     "remove_temp_files",
+    "remove_temp_folders",
     "replace_folder",
     "save_folder",
     "swap_in",
@@ -208,9 +209,7 @@ def save_folder(
     prefix, lock = f".{folder.name}.tmp-", f".{folder.name}.lock"
     with lock_folder(folder.parent, f"{what} {folder}", name=lock), _removed(folder.parent / lock):
         others = _check_save_target(folder, owned, what, keep_other_files)
-        for stale in folder.parent.glob(f"{prefix}*"):
-            if stale.is_dir() and not stale.is_symlink():
-                shutil.rmtree(stale)
+        remove_temp_folders(folder.parent, prefix)
 
         def write_keeping(tmp: Path) -> None:
             for name in others:
@@ -249,6 +248,15 @@ def _check_save_target(
     }
     check_replaceable(folder, mine | others, what)  # other folders and links are refused
     return others
+
+
+def remove_temp_folders(parent: Path, prefix: str) -> None:
+    """Delete the temp folders (``prefix*`` in ``parent``, never through a link) that killed
+    folder writes left. Only under the folder's lock: a live writer's temp folder has the same
+    name."""
+    for stale in parent.glob(f"{prefix}*"):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale)
 
 
 def remove_temp_files(folder: str | Path) -> list[Path]:

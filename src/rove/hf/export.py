@@ -32,7 +32,12 @@ from safetensors import SafetensorError
 
 from rove import run_files
 from rove._version import __version__
-from rove.atomic import check_replaceable, replace_folder, write_json_atomic
+from rove.atomic import (
+    check_replaceable,
+    remove_temp_folders,
+    replace_folder,
+    write_json_atomic,
+)
 from rove.hf.conversion import current_pos
 from rove.hf.model_card import TrainingFacts, write_converted_card, write_export_card
 from rove.hf.tokenizer import TOKENIZER_FILES, portable_tokenizer_class
@@ -277,9 +282,7 @@ def export_model(
     hf = hf_model(model, remote_code=remote_code, max_positions=max_positions)
     with lock_folder(out.parent, f"export folder {out}", name=f".{out.name}.lock"):
         _check_target(out)
-        for stale in out.parent.glob(f"{_TEMP_PREFIX.format(out.name)}*"):  # killed exports'
-            if stale.is_dir() and not stale.is_symlink():
-                shutil.rmtree(stale)
+        remove_temp_folders(out.parent, _TEMP_PREFIX.format(out.name))  # killed exports'
 
         def write(tmp: Path) -> None:
             try:
