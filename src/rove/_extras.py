@@ -31,6 +31,7 @@ EXTRAS: dict[str, str] = {
     "sklearn": "vision",
     "triton": "triton",
     "gguf": "gguf",
+    "peft": "lora",
 }
 
 

@@ -3,6 +3,7 @@
 A run folder (``rove train``)::
 
     recipe.json  metrics.jsonl  summary.json  eval.json  checkpoints/<step>/ ...  checkpoints/latest
+    adapter/  (a LoRA finetune's adapter, PEFT's folder)
 
 The recipe was ``config.json`` before 0.x: a name that ``transformers``' ``from_pretrained(run)``
 takes for a model config. Runs written then are still read (:func:`recipe_file`).
@@ -17,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = [
+    "ADAPTER",
     "CHECKPOINTS",
     "COMPARE_CONFIG",
     "EVAL",
@@ -38,6 +40,7 @@ SUMMARY = "summary.json"  # written when training ends: the run is complete
 EVAL = "eval.json"  # rove eval's record of the final checkpoint
 CHECKPOINTS = "checkpoints"  # step folders, and LATEST naming the newest
 LATEST = "latest"
+ADAPTER = "adapter"  # a LoRA finetune's adapter at its end (rove.hf.save_adapter's folder)
 COMPARE_CONFIG = "compare_config.json"
 RESULTS = "results.json"  # every run's record, what the report is built from
 REPORT = "report.md"

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rove.atomic import save_folder
+from rove.hf.adapter import save_adapter as save_peft_adapter
 from rove.hf.conversion import (
     SUPPORTED_MODEL_TYPES,
     HFPos,
@@ -35,6 +36,7 @@ from rove.hf.conversion import (
     saved_files,
     set_fraction,
 )
+from rove.hf.lora import LoraSpec, add_lora, merged
 from rove.rotary import (
     SCALING_KINDS,
     DynamicNTKParams,
@@ -59,6 +61,7 @@ class HFModelConfig:
     pos: str  # "rope" | "rove"
     model_type: str  # the stock HF model_type (llama, qwen2, ...)
     hf_config: dict[str, Any] = field(hash=False)  # the stock config.to_dict(), no rove marks
+    lora: LoraSpec | None = None  # a LoRA adapter on the model (rove finetune --lora)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size"):
@@ -76,6 +79,8 @@ class HFModelConfig:
             )
         if not isinstance(self.hf_config, dict):
             raise ValueError(f"HF model config: hf_config must be a dict, got {self.hf_config!r}")
+        if self.lora is not None and not isinstance(self.lora, LoraSpec):
+            raise ValueError(f"HF model config: lora must be a LoraSpec, got {self.lora!r}")
         for key, want in (("model_type", self.model_type), ("vocab_size", self.vocab_size)):
             if self.hf_config.get(key) != want:
                 raise ValueError(
@@ -84,23 +89,26 @@ class HFModelConfig:
                 )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """JSON form; ``lora`` only where there is one (configs stored before it stay equal)."""
+        out = {
             "block_size": self.block_size,
             "vocab_size": self.vocab_size,
             "pos": self.pos,
             "model_type": self.model_type,
             "hf_config": copy.deepcopy(self.hf_config),
         }
+        return out if self.lora is None else {**out, "lora": self.lora.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HFModelConfig:
         if not isinstance(d, dict):
             raise ValueError(f"HF model config must be a dict, got {type(d).__name__}")
         names = {"block_size", "vocab_size", "pos", "model_type", "hf_config"}
-        unknown, missing = sorted(set(d) - names), sorted(names - set(d))
+        unknown, missing = sorted(set(d) - names - {"lora"}), sorted(names - set(d))
         if unknown or missing:
             raise ValueError(f"HF model config: unknown keys {unknown}, missing keys {missing}")
-        return cls(**d)
+        lora = d.get("lora")
+        return cls(**{**d, "lora": LoraSpec.from_dict(lora) if lora is not None else None})
 
 
 def _stock_dict(config: Any) -> dict[str, Any]:
@@ -253,6 +261,7 @@ class HFCausalLM(nn.Module):
         self.hf = hf_model
         self.block_size = block_size
         self.model_type: str = model_type
+        self.lora: LoraSpec | None = None  # set by add_lora: self.hf is then a PEFT model
         for _, _, module in _rotary_slots(hf_model):
             module.register_forward_pre_hook(_follow_length)
 
@@ -266,7 +275,26 @@ class HFCausalLM(nn.Module):
             pos=current_pos(self.hf),
             model_type=self.model_type,
             hf_config=_stock_dict(hf_config),
+            lora=self.lora,
         )
+
+    def add_lora(self, spec: LoraSpec) -> None:
+        """Train a LoRA adapter of ``spec`` instead of the weights (:func:`rove.hf.lora.add_lora`):
+        ``self.hf`` becomes the PEFT model, the function stays the same until it trains."""
+        if self.lora is not None:
+            raise ValueError(f"the model has a LoRA adapter already ({self.lora})")
+        self.hf = add_lora(self.hf, spec)
+        self.lora = spec
+
+    def save_adapter(self, folder: str | Path, *, base: str) -> Path:
+        """The LoRA adapter alone, as a PEFT folder naming ``base`` (the model it adapts: a
+        folder or GGUF file) and marked with the pos it trained under
+        (:func:`rove.hf.save_adapter`), so :func:`rove.hf.load_adapter` rebuilds this model."""
+        if self.lora is None:
+            raise ValueError("the model has no LoRA adapter to save (add_lora)")
+        for config in self.hf.peft_config.values():
+            config.base_model_name_or_path = base
+        return save_peft_adapter(self.hf, folder)
 
     @property
     def rove_fraction(self) -> float:
@@ -321,7 +349,10 @@ class HFCausalLM(nn.Module):
 
         hf_config = CONFIG_MAPPING[config.model_type].from_dict(config.hf_config)
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-        return cls(convert(model, config.pos), config.block_size)  # type: ignore[arg-type]
+        built = cls(convert(model, config.pos), config.block_size)  # type: ignore[arg-type]
+        if config.lora is not None:
+            built.add_lora(config.lora)
+        return built
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``(B, T, V)``, or with ``targets`` ``(B, T)`` the mean cross-entropy (-1 ignored)."""
@@ -472,14 +503,18 @@ class HFCausalLM(nn.Module):
         """Write the model (and an HF ``tokenizer``, when given) as a Hugging Face folder that
         reloads as what it is: RoVE with rove's marks (:mod:`rove.hf.pretrained`), RoPE stock.
 
+        A model with a LoRA adapter is saved merged: the plain model computing its function
+        (the adapter alone is :func:`rove.hf.save_adapter`'s).
+
         Written in a temp folder beside ``folder`` and swapped in whole, so ``folder`` holds the
         old model or the new one, never half (:func:`rove.atomic.save_folder`, which also
         removes what killed saves left); it must be new, empty, or hold only the files a
         Hugging Face save writes.
         """
+        hf = merged(self.hf) if self.lora is not None else self.hf
 
         def write(tmp: Path) -> None:
-            type(self.hf).save_pretrained(self.hf, tmp)  # transformers' own, into the temp folder
+            type(hf).save_pretrained(hf, tmp)  # transformers' own, into the temp folder
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
 

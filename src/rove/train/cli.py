@@ -138,6 +138,22 @@ def build_parser(
         type=int,
         help="--conversion smooth: steps of the linear ramp; default: a tenth of the run",
     )
+    g.add_argument(
+        "--lora",
+        dest="lora_rank",
+        type=int,
+        metavar="RANK",
+        help="a finetune of a Hugging Face model only: train a LoRA adapter of this rank "
+        "(PEFT) instead of the weights; saved in <run>/adapter, `rove export` merges it",
+    )
+    g.add_argument("--lora-alpha", type=float, help="--lora's scale numerator; default: 2 x RANK")
+    g.add_argument(
+        "--lora-targets",
+        nargs="+",
+        metavar="NAME",
+        help="--lora's modules (e.g. q_proj v_proj); default: all-linear, every linear layer "
+        "but the output head",
+    )
     g = p.add_argument_group("batch and length")
     g.add_argument("--tokens-per-step", type=int, help=f"global batch in tokens; {RECIPE}")
     g.add_argument("--micro-batch", type=int, help=f"rows per forward per process; {RECIPE}")

@@ -37,6 +37,7 @@ from rove.data.tokenizers import (
     get_tokenizer,
 )
 from rove.functional import ROTARY_POS
+from rove.hf.lora import ALL_LINEAR, LoraSpec
 from rove.model import MODEL_POS_CHOICES, PRESETS, GPTConfig, get_preset
 from rove.precision import DTYPES, resolve_device, resolve_dtype
 from rove.rotary import SCALING_KINDS
@@ -78,7 +79,7 @@ DERIVED_MODEL_FIELDS = ("vocab_size", "block_size", "pos")
 # Where a run folder lives: not part of a run's identity, so a moved or renamed folder resumes.
 LOCATION_FIELDS = ("out_dir", "run_name")
 # Fields added after runs were stored: unset, they leave a run's fingerprint as it was before
-UNSET_IS_ABSENT = ("conversion", "ramp_steps")
+UNSET_IS_ABSENT = ("conversion", "ramp_steps", "lora_rank", "lora_alpha", "lora_targets")
 # Fields a resumed run may change: they affect logging, speed or bookkeeping, not the math
 # (micro_batch changes only the float summation order of gradient accumulation).
 RESUMABLE_CHANGES = (
@@ -187,6 +188,11 @@ class TrainConfig:
     # "hard" switches at step 0; None = smooth where it applies (resolved; None elsewhere)
     conversion: str | None = None
     ramp_steps: int | None = None  # smooth only; None = a tenth of max_steps
+    # train a LoRA adapter of this rank instead of the weights (a finetune of a Hugging Face
+    # model; rove.hf.lora): alpha None = 2 x rank, targets None = every linear layer but the head
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: list[str] | None = None
     # --- data ---
     data: str | None = None  # corpus: "stdlib" | "fineweb-edu" | a local file/folder path
     tokenizer: str | None = None  # "gpt2" | "byte" | "hf:PATH"; None = data_dir's, else recipe's
@@ -364,6 +370,7 @@ class TrainConfig:
                 raise ValueError("parallel 'fsdp' is not supported with init_from; use 'ddp'")
             self._check_scaling()
             self._check_conversion()
+            self._check_lora()
             return
         if self.scaling is not None or self.scaling_factor is not None:
             raise ValueError(
@@ -374,6 +381,11 @@ class TrainConfig:
             raise ValueError(
                 "conversion and ramp_steps say how a model continued from init_from becomes "
                 "RoVE; a run without init_from has no model to convert"
+            )
+        if self.lora_spec() is not None:
+            raise ValueError(
+                "lora_rank: a LoRA adapts a model continued from init_from; a run without "
+                "init_from trains all of its own weights"
             )
         try:
             model = build_model_config(self, vocab_size=VOCAB_MULTIPLE)
@@ -395,6 +407,29 @@ class TrainConfig:
         if not (_finite(self.scaling_factor) and self.scaling_factor > 1):  # type: ignore[operator]
             raise ValueError(
                 f"scaling_factor must be a finite number > 1, got {self.scaling_factor!r}"
+            )
+
+    def lora_spec(self) -> LoraSpec | None:
+        """The LoRA adapter the run trains (defaults filled in), or None: the whole model.
+        ``ValueError`` naming the field for a bad rank, alpha or target list."""
+        if self.lora_rank is None:
+            if self.lora_alpha is not None or self.lora_targets is not None:
+                raise ValueError("lora_alpha and lora_targets go with lora_rank (--lora RANK)")
+            return None
+        if self.lora_targets is not None and not isinstance(self.lora_targets, list):
+            raise ValueError(f"lora_targets must be a list of names, got {self.lora_targets!r}")
+        alpha = 2.0 * self.lora_rank if self.lora_alpha is None else self.lora_alpha
+        targets = (ALL_LINEAR,) if self.lora_targets is None else tuple(self.lora_targets)
+        return LoraSpec(self.lora_rank, alpha, targets)
+
+    def _check_lora(self) -> None:
+        """A LoRA finetune: a valid spec, and no frequency scaling, which the adapter's base
+        (the source model, as its saved adapter names it) would not carry."""
+        if self.lora_spec() is not None and self.scaling is not None:
+            raise ValueError(
+                "lora_rank with scaling: a LoRA adapter is saved against its unscaled source "
+                "model, which would load without the scaling; finetune the whole model to "
+                "train a scaling into it"
             )
 
     def _check_conversion(self) -> None:
@@ -452,6 +487,12 @@ class TrainConfig:
             self.is_resolved() and source_missing(self.init_from)
         ):
             source = read_source(self.init_from)
+            if self.lora_rank is not None and source.kind != "hf":
+                raise ValueError(
+                    f"lora_rank: init_from {source.path} is a rove checkpoint; LoRA adapts a "
+                    "Hugging Face model folder or GGUF file (`rove export` the run to one), "
+                    "a rove model is finetuned whole"
+                )
             recipe = _finetune_defaults(values, source)
             if self.scaling is not None:  # refused now if it does not combine with the source's
                 source_scaling(source, self.scaling, self.scaling_factor)  # type: ignore[arg-type]
@@ -495,6 +536,9 @@ class TrainConfig:
                 values["eval_interval"] = min(values["eval_interval"], max(1, steps // 10))
             if source is not None:
                 _resolve_conversion(values, source)
+            lora = self.lora_spec()  # its defaults recorded: a resume replays them
+            if lora is not None:
+                values["lora_alpha"], values["lora_targets"] = lora.alpha, list(lora.targets)
         return cast("ResolvedTrainConfig", TrainConfig(**values))
 
     def grad_accum_steps(self, world_size: int = 1) -> int:

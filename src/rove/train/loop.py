@@ -41,7 +41,7 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -89,6 +89,7 @@ with needs_extra("toolkit", __name__):
     from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
+    from rove.hf.causal_lm import HFCausalLM
     from rove.train.config import ResolvedTrainConfig
 
 __all__ = [
@@ -292,6 +293,8 @@ def _train(
     # a bar only on a terminal (in a file it is \r noise); otherwise one log line per validation
     show_bar = progress and info.is_main and interactive()
     _train_steps(run, state, model, compiled, stop, show_bar=show_bar)
+    if cfg.lora_rank is not None and info.is_main:
+        _save_adapter(run)
     _write_run_summary(run, state)
     barrier(info)
     return run_dir
@@ -528,6 +531,17 @@ def _show_progress(bar: tqdm, state: Progress, record: dict[str, float]) -> None
 
 
 # ---------------------------------------------------------------------------- the end
+def _save_adapter(run: Run) -> None:
+    """A LoRA finetune's adapter, as PEFT saves it, in ``adapter/``: what a user loads on the
+    source model (:func:`rove.hf.load_adapter`). Written before the summary, so a process
+    killed in between writes it again when the finished run is resumed."""
+    assert run.cfg.init_from is not None  # TrainConfig: LoRA only on a finetune
+    raw = cast("HFCausalLM", run.raw)
+    base = str(Path(run.cfg.init_from).expanduser().resolve())
+    folder = raw.save_adapter(run.dir / run_files.ADAPTER, base=base)
+    log.info("saved the LoRA adapter (base %s) in %s", base, folder)
+
+
 def _write_run_summary(run: Run, state: Progress) -> None:
     """Rank 0 writes ``summary.json``: losses, size, speed and the machine it ran on."""
     info = run.info

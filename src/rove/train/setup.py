@@ -90,8 +90,10 @@ def configure_optimizer(
     model: torch.nn.Module, cfg: ResolvedTrainConfig, device: torch.device
 ) -> torch.optim.AdamW:
     """AdamW with weight decay on tensors of >= 2 dims (matrices and the tied embedding), none
-    on norms and biases; fused on CUDA. The LR is set per step by the loop."""
-    params = list(model.named_parameters())  # tied weights appear once
+    on norms and biases; fused on CUDA. The LR is set per step by the loop. Frozen weights (a
+    LoRA finetune's base) are left out: no state is kept for them."""
+    # tied weights appear once
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for _, p in params if p.dim() >= 2]
     no_decay = [p for _, p in params if p.dim() < 2]
     groups = [
@@ -365,6 +367,7 @@ def build_run(
             block_size=cfg.seq_len,
             scaling=cfg.scaling,
             scaling_factor=cfg.scaling_factor,
+            lora=cfg.lora_spec(),
         )
     loader = TokenLoader(
         data.dir,

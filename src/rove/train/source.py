@@ -36,6 +36,7 @@ from rove.rotary import Scaling, scaling_on_top
 if TYPE_CHECKING:
     from rove.hf.causal_lm import HFCausalLM
     from rove.hf.conversion import HFPos
+    from rove.hf.lora import LoraSpec
 
 __all__ = [
     "CONVERSIONS",
@@ -202,6 +203,7 @@ def build_source_model(
     block_size: int,
     scaling: str | None = None,
     scaling_factor: float | None = None,
+    lora: LoraSpec | None = None,
     device: torch.device | str = "cpu",
 ) -> GPT | HFCausalLM:
     """The source's weights in a model under ``pos`` with training context ``block_size`` and,
@@ -211,7 +213,8 @@ def build_source_model(
     ``pos == source.pos`` and no scaling give the source's own function; the other rotary
     ``pos`` converts it (same parameters, V/O rotated). A ``block_size`` shorter than the
     source's context keeps the source's: the model was trained that far, and a later
-    inference-time scaling counts from there.
+    inference-time scaling counts from there. ``lora`` (a Hugging Face source only) wraps the
+    model in a LoRA adapter that trains instead of its weights.
     """
     block_size = max(block_size, source.context)
     scaled = None
@@ -242,4 +245,8 @@ def build_source_model(
         restore_model(model, ckpt)
     if scaled is not None and not isinstance(model, GPT):  # a Hugging Face model: its config
         model.set_scaling(scaled)
+    if lora is not None:
+        if isinstance(model, GPT):
+            raise ValueError(f"init_from {source.path}: LoRA adapts Hugging Face models only")
+        model.add_lora(lora)
     return model.to(device)
