@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rove.cli import main as rove
+from rove.hf.any_model import load_any_model
 from rove.model import GPT, GPTConfig
 from run_folders import save_byte_run
 
@@ -109,3 +110,34 @@ def test_a_bundle_without_the_selected_task_files_fails_before_any_work(
     assert rove([*argv, "--no-progress"]) == 2  # perplexity etc. would have run first
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "none of the 22 CORE task file(s)" in line and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "lengths", "context"),
+    [(None, ["64", "128"], None), (64, ["64", "128"], None), (16, ["16", "32"], 64)],
+)
+def test_a_run_is_measured_at_multiples_of_the_context_it_trained_at(
+    run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    seq_len: int | None,
+    lengths: list[str],
+    context: int | None,
+) -> None:
+    """A finetune at 16 tokens of a 64-token model is measured at 16 and 32, not 64 and 128:
+    at an 8k source's context those were hours on a CPU. A run that trained at its model's
+    context (or did not record one) is measured as before."""
+    model, _ = load_any_model(run)
+    folder = save_byte_run(tmp_path / "run", model, seq_len=seq_len)
+    out = tmp_path / "eval.json"
+    argv = ["eval", str(folder), "--out", str(out), "--data", str(run.parent / "held_out.txt")]
+    argv += ["--ppl-multiples", "1", "2", "--ppl-tokens", "32", "--ppl-min-windows", "1"]
+    assert rove([*argv, "--no-ruler", "--no-icl", "--no-progress"]) == 0
+    record = json.loads(out.read_text())
+    assert sorted(record["ppl"], key=int) == lengths
+    assert record["train_len"] == int(lengths[0])
+    assert record.get("model_context") == context
+    # yarn counts from the model's context: within it, a scaled cell would repeat the plain one
+    assert list(record["ppl_scaled"]["yarn"]) == ([] if context else ["128"])
+    note = "Lengths are multiples of the training length 16; the model's context is 64"
+    assert (note in capsys.readouterr().out) == (context is not None)

@@ -55,6 +55,40 @@ def test_record_intervals_reasons_and_console_summary() -> None:
     assert "CORE: not run: no bundle" in text
 
 
+def test_lengths_count_from_train_len_and_scaling_from_the_models_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A finetune at 40 tokens of an 80-token model: every default length is a multiple of 40
+    (ICL's too), and a scaled cell exists only beyond 80, where scaling changes anything."""
+    icl_max_tokens = []
+
+    def fake_icl(*args, max_tokens, **kw):
+        icl_max_tokens.append(max_tokens)
+        return {"score": None, "tasks": {}, "skipped": {}}
+
+    monkeypatch.setattr("rove.eval.suite.evaluate_icl", fake_icl)
+    model = TableLM(torch.zeros(257, 257), block_size=80)
+    tokens = np.asarray([t for text in CORPUS for t in [*TOK.encode(text), 256]] * 4)
+    cfg = EvalConfig(
+        ppl_multiples=[1, 4], ppl_tokens=0, ppl_min_windows=2, ruler_tasks=["niah_single_1"],
+        ruler_multiples=[1, 8], ruler_samples=1, icl_tasks=["kv_recall"],
+    )  # fmt: skip
+    rec = evaluate_model(model, TOK, tokens, cfg, train_len=40, progress=False)
+    assert (rec["train_len"], rec["model_context"]) == (40, 80)
+    assert list(rec["ppl"]) == ["40", "160"] and list(rec["ppl_scaled"]["yarn"]) == ["160"]
+    assert list(rec["ruler"]["none"]["niah_single_1"]) == ["40", "320"]
+    assert list(rec["ruler"]["yarn"]["niah_single_1"]) == ["320"]
+    assert icl_max_tokens == [40]
+    text = "\n".join(eval_summary_lines(rec))
+    assert "ppl@160 (4x)" in text and "the model's context is 80" in text
+
+    cfg.ruler_multiples = [1]  # no length beyond the context: no scaled RULER run at all
+    rec = evaluate_model(model, TOK, tokens, cfg, train_len=40, progress=False)
+    assert list(rec["ruler"]) == ["none"]
+    with pytest.raises(ValueError, match=r"train_len 81 must be in 1\.\.80"):
+        evaluate_model(model, TOK, tokens, cfg, train_len=81, progress=False)
+
+
 def test_qa_file_enables_its_task_and_bad_keys_are_rejected() -> None:
     cfg = EvalConfig(ruler_tasks=["vt"], qa_paths={"qa_squad": "dev-v2.0.json"})
     assert cfg.ruler_tasks == ["vt", "qa_squad"]

@@ -86,6 +86,9 @@ def test_both_arms_train_evaluate_and_the_rove_arm_saves_as_rove(llama, llama_da
         progress=False,
     )  # fmt: skip
     assert record["pos"] == "rove" and record["step"] == 8
+    # trained at 64 tokens, the model keeps the source's 256: lengths are multiples of 64
+    assert (record["train_len"], record["model_context"]) == (64, 256)
+    assert list(record["ppl"]) == ["64", "128"] and record["ppl_scaled"] == {"yarn": {}}
     with pytest.raises(CheckpointError, match=r"Hugging Face model .*rove export"):
         load_model(run_dir)  # a rove GPT is what generate/analyze need
 

@@ -73,6 +73,14 @@ def test_tables_in_paper_format(results):
     assert "| rope | 40.00 ± 14.14 |" in md and "| rove + yarn | 11.50 ± 0.71 |" in md
 
 
+def test_a_finetune_at_a_shorter_context_says_so_and_shows_no_empty_scaled_rows(results):
+    for r in results["runs"]:  # trained at 128 in a 1024-token model: no length is scaled
+        r["model_context"], r["ppl_scaled"] = 1024, {"yarn": {}}
+    md = render_report(results)
+    assert "the model's context is 1024 (from its source)" in md
+    assert "256 (2x)" in md and "+ yarn" not in md
+
+
 def test_findings_say_when_rove_loses(results):
     md = render_report(results)
     assert "PPL@256 (2x): rove is better in every seed vs rope" in md

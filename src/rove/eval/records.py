@@ -10,6 +10,7 @@ from __future__ import annotations
 from rove.eval.ruler import RULER_GROUPS, group_means
 
 __all__ = [
+    "context_note",
     "dig",
     "group_header",
     "length_label",
@@ -17,6 +18,7 @@ __all__ = [
     "ruler_groups",
     "ruler_lengths",
     "ruler_variants",
+    "scaled_kinds",
     "scaled_label",
     "scaling_key",
     "scaling_kind",
@@ -38,6 +40,12 @@ def scaling_kind(key: str) -> str | None:
 def scaled_label(label: str, kind: str | None) -> str:
     """``label`` of a plain cell, ``label +kind`` of a scaled one (tables, console lines)."""
     return label if kind is None else f"{label} +{kind}"
+
+
+def scaled_kinds(runs: list[dict]) -> list[str]:
+    """The scalings with a perplexity cell in any run, sorted: a record has none at lengths
+    within the model's context, so a finetune at a shorter context may have none at all."""
+    return sorted({k for r in runs for k, cells in r.get("ppl_scaled", {}).items() if cells})
 
 
 def dig(run: dict, *keys: str) -> float | None:
@@ -88,6 +96,18 @@ def length_label(length: int, train_len: int | None, unit: str = "") -> str:
     """``512 (4x)`` (``512 tokens (4x)`` with ``unit=" tokens"``): a length with its multiple of
     the training context, so no length is read without it (none when that is unknown)."""
     return f"{length}{unit}" + (f" ({length / train_len:g}x)" if train_len else "")
+
+
+def context_note(record: dict) -> str | None:
+    """Why a record's lengths are not multiples of its model's context, where they are not (a
+    finetune at a shorter context keeps its source's): None otherwise."""
+    context = record.get("model_context")
+    if context is None:
+        return None
+    return (
+        f"Lengths are multiples of the training length {record['train_len']}; the model's "
+        f"context is {context} (from its source), and inference-time scaling acts only beyond it"
+    )
 
 
 def ruler_groups(run: dict, field: str = "nll") -> dict[str, dict[int, dict[str, float | None]]]:

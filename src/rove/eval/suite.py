@@ -2,19 +2,28 @@
 
 Runs any subset of perplexity vs length (with and without inference-time frequency scaling),
 RULER (answer NLL and greedy accuracy, plain and with YaRN), the offline few-shot ICL suite and,
-when a local DCLM bundle is given, CORE. Lengths default to multiples of the model's training
-length, so the same settings mean "2x-16x" for a 128-token CPU model and for GPT-2 at 1024.
+when a local DCLM bundle is given, CORE. Lengths default to multiples of the training length,
+so the same settings mean "2x-16x" for a 128-token CPU model and for GPT-2 at 1024.
+
+The training length is the context the run trained at (its TrainConfig's ``seq_len``), which
+is the model's ``block_size`` except for a finetune at a shorter context: that model keeps its
+source's context (:func:`rove.train.source.build_source_model`), and measuring multiples of an
+8k context would cost hours on a CPU where the user trained at 256 tokens. Inference-time
+scaling still counts from ``block_size`` (the context the model knows), so it acts only beyond it.
 
 The record it returns is the per-model entry of ``rove compare``'s ``results.json``::
 
-    {"ppl": {"256": 7.1, ...},                        # no scaling, by length
-     "ppl_scaled": {"yarn": {"256": 6.3, ...}},       # lengths beyond training only
+    {"train_len": 128,                                # lengths are multiples of this
+     "model_context": 8192,                           # block_size, only where it differs
+     "ppl": {"256": 7.1, ...},                        # no scaling, by length
+     "ppl_scaled": {"yarn": {"256": 6.3, ...}},       # lengths beyond block_size only
      "ppl_ci": {"none": {"256": [6.9, 7.3]}, ...},    # bootstrap 95% interval over windows
      "ppl_windows": {"256": 32, ...},                 # windows scored per length
      "ppl_documents": {"256": 30, ...},               # documents those windows start in
      "ppl_ci_unit": {"256": "document", ...},         # what the interval resampled
      "position_loss": {"none": {"2048": {...}}},      # loss by position bucket, every length
-     "ruler": {"none": {task: {"512": {"nll", "accuracy", "n_samples", "error"}}}, "yarn": {...}},
+     "ruler": {"none": {task: {"512": {"nll", "accuracy", "n_samples", "error"}}},
+               "yarn": {...}},                        # scaled: lengths beyond block_size only
      "ruler_not_run": {task: reason},                 # the 13 RULER tasks that did not run
      "icl": {"mean_centered": 0.1, "tasks": {...}, "skipped": {task: reason}},
      "not_run": {"core": "no bundle ..."}, "core": {...}}  # core only with a bundle
@@ -96,10 +105,10 @@ class EvalConfig:
     ppl: bool = True  # perplexity vs length
     ppl_multiples: list[float] = field(default_factory=lambda: [0.5, 1, 2, 4, 8, 16])
     ppl_lengths: list[int] | None = None  # explicit lengths (override the multiples)
-    scalings: list[str] = field(default_factory=lambda: ["yarn"])  # also evaluated beyond train_len
+    scalings: list[str] = field(default_factory=lambda: ["yarn"])  # also beyond block_size
     ppl_tokens: int = 65536  # scored tokens per length, raised to reach ppl_min_windows
     ppl_min_windows: int = 32  # windows per length at least (while the stream holds them)
-    batch_size: int = 8  # windows per forward at the training length (shrinks with length)
+    batch_size: int = 8  # windows per forward at block_size (shrinks with length)
     ruler: bool = True  # RULER answer NLL + greedy accuracy
     ruler_tasks: list[str] = field(default_factory=lambda: list(DEFAULT_RULER_TASKS))
     ruler_multiples: list[float] = field(default_factory=lambda: [4, 8])  # paper: 4k, 8k at 1k
@@ -181,21 +190,35 @@ def evaluate_model(
     tokens: np.ndarray,
     cfg: EvalConfig,
     *,
+    train_len: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Every enabled evaluation of ``model`` on held-out ``tokens`` (1-D), as one record.
 
-    Progress bars appear only on a terminal: in a log file tqdm is ``\r`` noise.
+    Default lengths are multiples of ``train_len``, the context the model was trained at (a
+    run's ``seq_len``); None, a model without a run, takes its ``block_size``. Where the two
+    differ the record says both (``model_context``), as a report must not read a length's
+    multiple of one as the other. Progress bars appear only on a terminal: in a log file tqdm
+    is ``\r`` noise.
     """
     progress = progress and interactive()
-    record: dict[str, Any] = {"train_len": model.config.block_size}
+    block_size = model.config.block_size
+    train_len = block_size if train_len is None else train_len
+    if not 0 < train_len <= block_size:
+        raise ValueError(
+            f"train_len {train_len} must be in 1..{block_size}, the model's block_size: a model "
+            "is not trained beyond its context"
+        )
+    record: dict[str, Any] = {"train_len": train_len}
+    if train_len != block_size:
+        record["model_context"] = block_size
     if cfg.ppl:
         eot = getattr(tokenizer, "eot_token", None)
-        record |= _ppl_record(model, tokens, cfg, eot_token=eot, progress=progress)
+        record |= _ppl_record(model, tokens, cfg, train_len, eot_token=eot, progress=progress)
     if cfg.ruler:
-        record |= _ruler_record(model, tokenizer, tokens, cfg, progress=progress)
+        record |= _ruler_record(model, tokenizer, tokens, cfg, train_len, progress=progress)
     if cfg.icl:
-        record["icl"] = _icl_record(model, tokenizer, cfg)
+        record["icl"] = _icl_record(model, tokenizer, cfg, train_len)
     record["not_run"] = _evaluations_not_run(cfg)
     if cfg.core_bundle:
         record["core"] = _core_record(model, tokenizer, cfg.core_bundle, cfg, progress=progress)
@@ -206,15 +229,17 @@ def _ppl_record(
     model: LanguageModel,
     tokens: np.ndarray,
     cfg: EvalConfig,
+    train_len: int,
     *,
     eot_token: int | None,
     progress: bool,
 ) -> dict[str, Any]:
-    """Perplexity by length: ``ppl`` plain at every length, ``ppl_scaled`` only beyond the
-    training length (where scaling changes anything), and the intervals (resampling documents
+    """Perplexity by length (multiples of ``train_len``): ``ppl`` plain at every length,
+    ``ppl_scaled`` only beyond the model's ``block_size`` (below it scaling changes nothing, so
+    a scaled cell would repeat the plain one), and the intervals (resampling documents
     delimited by ``eot_token``), window and document counts and position losses of every cell;
     ``ppl_errors`` / ``ppl_notes`` only when some cell has one."""
-    train_len = model.config.block_size
+    block_size = model.config.block_size
     cells = perplexity_vs_length(
         model,
         tokens,
@@ -230,7 +255,7 @@ def _ppl_record(
     record: dict[str, Any] = {
         "ppl": {str(n): _finite(r["ppl"]) for n, r in plain.items()},
         "ppl_scaled": {
-            kind: {str(n): _finite(r["ppl"]) for n, r in cells[kind].items() if n > train_len}
+            kind: {str(n): _finite(r["ppl"]) for n, r in cells[kind].items() if n > block_size}
             for kind in cfg.scalings
         },
         "ppl_ci": {
@@ -262,17 +287,29 @@ def _ppl_record(
 
 
 def _ruler_record(
-    model: LanguageModel, tokenizer: Any, tokens: np.ndarray, cfg: EvalConfig, *, progress: bool
+    model: LanguageModel,
+    tokenizer: Any,
+    tokens: np.ndarray,
+    cfg: EvalConfig,
+    train_len: int,
+    *,
+    progress: bool,
 ) -> dict[str, Any]:
-    """RULER cells ``{scaling: {task: {length: cell}}}`` and why the other tasks did not run."""
-    lengths = cfg.lengths(model.config.block_size, cfg.ruler_lengths, cfg.ruler_multiples)
+    """RULER cells ``{scaling: {task: {length: cell}}}`` at multiples of ``train_len`` and why
+    the other tasks did not run. A scaling runs only at lengths beyond ``block_size``, as in
+    ``ppl_scaled``: below it the cells would repeat the plain ones at the cost of a whole run;
+    a scaling with no such length is left out."""
+    lengths = cfg.lengths(train_len, cfg.ruler_lengths, cfg.ruler_multiples)
     ruler = {}
     for kind in cfg.ruler_scalings:
+        at = lengths if kind is None else [n for n in lengths if n > model.config.block_size]
+        if not at:
+            continue
         out = evaluate_ruler(
             model,
             tokenizer,
             cfg.ruler_tasks,
-            lengths,
+            at,
             cfg.ruler_samples,
             cfg.seed,
             tokens,
@@ -297,15 +334,18 @@ def _ruler_cell(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _icl_record(model: LanguageModel, tokenizer: Any, cfg: EvalConfig) -> dict[str, Any]:
+def _icl_record(
+    model: LanguageModel, tokenizer: Any, cfg: EvalConfig, train_len: int
+) -> dict[str, Any]:
     """The few-shot suite's mean centered accuracy and per-task scores; a task too long for
-    ``cfg.icl_max_tokens`` is skipped with its reason, and an ``error`` says when none fit."""
+    ``cfg.icl_max_tokens`` (default ``train_len``: few-shot ability within the trained context)
+    is skipped with its reason, and an ``error`` says when none fit."""
     out = evaluate_icl(
         model,
         tokenizer,
         cfg.icl_tasks,
         n_items=cfg.icl_items,
-        max_tokens=cfg.icl_max_tokens,
+        max_tokens=train_len if cfg.icl_max_tokens is None else cfg.icl_max_tokens,
         seed=cfg.seed,
         progress=False,
     )
@@ -413,7 +453,9 @@ def evaluate_checkpoint(
     data: str | None = None,
     data_dir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Load a checkpoint (or run folder), find (and verify) its validation data, evaluate it.
+    """Load a checkpoint (or run folder), find (and verify) its validation data, evaluate it
+    at multiples of the context the run trained at (its ``seq_len``; a checkpoint that did not
+    record one, its ``block_size``).
 
     ``data``/``data_dir`` evaluate on other held-out text instead (see ``_held_out_tokens``).
     """
@@ -424,8 +466,10 @@ def evaluate_checkpoint(
     train_cfg = meta["train_config"]
     tokenizer = checkpoint_tokenizer(meta, f"checkpoint {path}")  # hf:PATH, not its hash
     tokens, data_record = _held_out_tokens(meta, tokenizer, data, data_dir)
-    with torch.inference_mode():
-        record = evaluate_model(model, tokenizer, tokens, cfg, progress=progress)
+    with torch.inference_mode():  # a run's lengths count from the context it trained at
+        record = evaluate_model(
+            model, tokenizer, tokens, cfg, train_len=train_cfg.get("seq_len"), progress=progress
+        )
     record.update(
         pos=model.config.pos,
         seed=train_cfg.get("seed"),
@@ -485,7 +529,7 @@ def _parser() -> argparse.ArgumentParser:
         "--ppl-min-windows", type=int,
         help="windows per length at least (raises the token budget for long lengths)",
     )  # fmt: skip
-    g.add_argument("--batch-size", type=int, help="windows per forward at train length")
+    g.add_argument("--batch-size", type=int, help="windows per forward at the model's context")
     g = p.add_argument_group("RULER")
     g.add_argument("--no-ruler", dest="ruler", action="store_false", help="skip RULER")
     g.add_argument("--ruler-tasks", nargs="+", metavar="TASK", help=f"of {', '.join(RULER_TASKS)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from rove.eval.records import (
+    context_note,
     group_header,
     length_label,
     ruler_groups,
@@ -46,6 +47,8 @@ def eval_summary_lines(record: dict) -> list[str]:
     cis = record.get("ppl_ci", {})
     windows = record.get("ppl_windows", {})
     at = partial(length_label, train_len=record.get("train_len"))
+    if note := context_note(record):
+        lines.append(f"  {note}")
     for n, ppl in record.get("ppl", {}).items():
         line = f"  ppl@{at(int(n))}: {_num(ppl)}{_ci(cis.get(scaling_key(None), {}).get(n))}"
         if n in windows:

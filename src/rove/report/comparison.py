@@ -16,6 +16,7 @@ from pathlib import Path
 from rove import run_files
 from rove.atomic import write_text_atomic
 from rove.eval.records import (
+    context_note,
     dig,
     group_header,
     length_label,
@@ -23,6 +24,7 @@ from rove.eval.records import (
     ruler_groups,
     ruler_lengths,
     ruler_variants,
+    scaled_kinds,
     scaled_label,
     scaling_key,
     scaling_kind,
@@ -102,11 +104,10 @@ def metrics_of(runs: list[dict]) -> list[Metric]:
         out.append(Metric("CORE", _value_at("core", "core"), False))
     for n in _lengths(runs, "ppl"):
         out.append(Metric(f"PPL@{at(n)}", _value_at("ppl", str(n)), True))
-    kinds = sorted({k for r in runs for k in r.get("ppl_scaled", {})})
-    for kind in kinds:
-        for n in _lengths(runs, "ppl_scaled", kind):
-            name = scaled_label(f"PPL@{at(n)}", kind)
-            out.append(Metric(name, _value_at("ppl_scaled", kind, str(n)), True))
+    for scaled in scaled_kinds(runs):
+        for n in _lengths(runs, "ppl_scaled", scaled):
+            name = scaled_label(f"PPL@{at(n)}", scaled)
+            out.append(Metric(name, _value_at("ppl_scaled", scaled, str(n)), True))
     tried = ruler_variants(runs)
     for kind, n, group in _ruler_columns(runs):
         out.append(
@@ -193,7 +194,7 @@ def _ood_table(runs: list[dict]) -> list[str]:
     longer = [n for n in _lengths(runs, "ppl") if n > train_len]
     header = ["method"] + [f"{n} ({n / train_len:g}x)" for n in longer]
     rows = []
-    kinds = sorted({k for r in runs for k in r.get("ppl_scaled", {})})
+    kinds = scaled_kinds(runs)
     for suffix, key in [("", None)] + [(f" + {k}", k) for k in kinds]:
         for label in _labels(runs):
             if key is None:
@@ -722,6 +723,7 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         f"Methods: {', '.join(labels)}; seeds: {seeds}; training length {runs[0]['train_len']} "
         f"tokens. {results.get('setup', '')}".strip(),
         "",
+        *([f"{note}.", ""] if (note := context_note(runs[0])) else []),
         held_out_line(runs),
         "",
         "## What we found",

@@ -22,6 +22,7 @@ from rove.eval.records import (
     ruler_groups,
     ruler_lengths,
     ruler_variants,
+    scaled_kinds,
     scaled_label,
     scaling_key,
     scaling_kind,
@@ -126,17 +127,18 @@ def ppl_figure(runs: list[dict]) -> plt.Figure:
     """The figure of :func:`plot_ppl_vs_length` (open: the caller saves and closes it)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     train_len = runs[0]["train_len"]
+    context = runs[0].get("model_context", train_len)  # where inference-time scaling starts
     evaluated: set[int] = set()
     for i, label in enumerate(_labels(runs)):
         group = [r for r in runs if r["label"] == label]
         plain = [r.get("ppl", {}) for r in group]
         curves: dict[str | None, list[dict]] = {None: plain}
-        for kind in sorted({k for r in group for k in r.get("ppl_scaled", {})}):
-            # scaling starts beyond the training length: join the curve to the plain value there
-            curves[kind] = [
+        for scaled in scaled_kinds(group):
+            # scaling starts beyond the model's context: join the curve to the plain value there
+            curves[scaled] = [
                 {
-                    **{k: v for k, v in p.items() if int(k) == train_len},
-                    **r["ppl_scaled"].get(kind, {}),
+                    **{k: v for k, v in p.items() if int(k) == context},
+                    **r["ppl_scaled"].get(scaled, {}),
                 }
                 for p, r in zip(plain, group, strict=True)
             ]
