@@ -443,9 +443,16 @@ def test_an_eval_json_of_0_1_still_counts_as_current():
     cfg = CompareConfig()
     stored = json.loads(json.dumps(dataclasses.asdict(cfg.eval)))
     old = {**stored, "ruler_scalings": ["none", "yarn"]}
-    summary = {"steps": 7}
-    assert _eval_is_current({"eval_config": old, "step": 7}, cfg, summary)
-    assert not _eval_is_current({"eval_config": old, "step": 6}, cfg, summary)  # other checkpoint
-    assert not _eval_is_current({"eval_config": {**old, "ruler": False}, "step": 7}, cfg, summary)
-    assert not _eval_is_current({"eval_config": {**old, "typo": 1}, "step": 7}, cfg, summary)
-    assert not _eval_is_current({"step": 7}, cfg, summary)
+    summary, at = {"steps": 7}, 128  # the run's seq_len
+
+    def current(**record) -> bool:
+        return _eval_is_current({"eval_config": old, "step": 7, "train_len": at, **record},
+                                cfg, summary, at)  # fmt: skip
+
+    assert current()
+    assert not current(step=6)  # another checkpoint
+    assert not current(eval_config={**old, "ruler": False})
+    assert not current(eval_config={**old, "typo": 1})
+    assert not current(eval_config=None)
+    # a finetune at 128 tokens of a 512-token model that an older rove measured from 512
+    assert not current(train_len=512)

@@ -198,10 +198,14 @@ def _check_stale(cfg: CompareConfig, force: bool) -> None:
         print(f"rove compare: {run_dir} has another config; moved to {_move_aside(run_dir)}")
 
 
-def _eval_is_current(record: dict, cfg: CompareConfig, summary: dict) -> bool:
-    """``eval.json`` was made with this EvalConfig, of the run's final checkpoint."""
+def _eval_is_current(record: dict, cfg: CompareConfig, summary: dict, seq_len: int) -> bool:
+    """``eval.json`` was made with this EvalConfig, of the run's final checkpoint, at multiples
+    of the context the run trained at (a finetune evaluated by an older rove counted them from
+    its model's context)."""
     stored = record.get("eval_config")
     if not isinstance(stored, dict) or record.get("step") != summary.get("steps"):
+        return False
+    if record.get("train_len") != seq_len:
         return False
     try:  # read back through EvalConfig, so an older spelling of the same setting still matches
         made_with = dataclass_from_dict(EvalConfig, stored)
@@ -217,13 +221,13 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
     if not (run_dir / run_files.SUMMARY).is_file():
         train(tcfg, progress=progress, resume=run_dir.is_dir())
     summary = json.loads((run_dir / run_files.SUMMARY).read_text())
+    stored = json.loads(run_files.recipe_file(run_dir).read_text(encoding="utf-8"))["train"]
     eval_file = run_dir / run_files.EVAL
     with eval_output_lock(eval_file):
         record = json.loads(eval_file.read_text()) if eval_file.is_file() else None
-        if record is None or not _eval_is_current(record, cfg, summary):
+        if record is None or not _eval_is_current(record, cfg, summary, stored["seq_len"]):
             record = evaluate_checkpoint(run_dir, cfg.eval, progress=progress)
             write_json_atomic(eval_file, record)
-    stored = json.loads(run_files.recipe_file(run_dir).read_text(encoding="utf-8"))["train"]
     return {
         **record,
         "label": pos,
