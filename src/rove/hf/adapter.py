@@ -43,7 +43,9 @@ def save_adapter(model: Any, folder: str | Path) -> Path:
     state = {"pos": current_pos(model), "model_type": model.config.model_type}
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
+        with warnings.catch_warnings():  # a GGUF base has no config.json for PEFT to compare
+            warnings.filterwarnings("ignore", "Could not find a config file in")
+            model.save_pretrained(tmp)
         for path in (tmp / ADAPTER_CONFIG, *tmp.glob(f"*/{ADAPTER_CONFIG}")):  # named adapters
             config = json.loads(path.read_text(encoding="utf-8"))
             write_json_atomic(path, {**config, STATE_KEY: state})
@@ -101,6 +103,7 @@ def load_adapter(folder: str | Path, base: Any | None = None, **kwargs: Any) -> 
                 f"the base given is {base_type!r}"
             )
         convert(base, state["pos"])
-    with warnings.catch_warnings():  # PEFT's "unexpected keyword 'rove', upgrade PEFT"
+    with warnings.catch_warnings():  # PEFT's: the 'rove' key it does not know, a renamed API
         warnings.filterwarnings("ignore", rf"Unexpected keyword arguments \['{STATE_KEY}'\]")
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")
         return PeftModel.from_pretrained(base, str(folder))

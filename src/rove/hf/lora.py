@@ -20,6 +20,7 @@ The defaults, and why:
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +79,9 @@ def add_lora(model: nn.Module, spec: LoraSpec) -> Any:
         r=spec.rank, lora_alpha=spec.alpha, target_modules=targets, lora_dropout=0.0
     )
     try:
-        return peft.get_peft_model(model, config)
+        with warnings.catch_warnings():  # transformers 5 deprecates a name PEFT still calls
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")
+            return peft.get_peft_model(model, config)
     except ValueError as err:  # e.g. a target name the model does not have
         raise ValueError(f"LoRA targets {list(spec.targets)}: {err}") from None
 
