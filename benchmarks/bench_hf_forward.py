@@ -3,9 +3,12 @@
 The conversion runs Python hooks in every attention layer (a pre-hook reading the rotary
 tables, a hook rotating the new values, a pre-hook un-rotating the output), so its cost is
 measured where it counts: 30 layers, SmolLM2-135M's shape (Llama, hidden 576, GQA 9/3, head 64,
-vocabulary 49152), random weights (the cost does not depend on them). Two models with the same
-weights, one converted, timed by :func:`harness.time_interleaved` (rotating order, paired
-ratios, medians and interquartile ranges) at a fixed thread count. The target: RoVE <= 1.05x.
+vocabulary 49152), random weights (the cost does not depend on them). One model, converted to
+RoVE and back to RoPE before each timed forward (``rove.hf.convert`` only adds or removes hooks,
+under a millisecond, inside both timings), timed by :func:`harness.time_interleaved` (rotating
+order, paired ratios, medians and interquartile ranges) at a fixed thread count. One model, not
+two: a deep copy of the same weights ran ~4% slower than the original on this project's CPU
+(memory placement), which two models would have counted as RoVE's cost. The target: RoVE <= 1.05x.
 
 Run:
     python benchmarks/bench_hf_forward.py                     # 1 thread, batch 1 x 512 and 4 x 128
@@ -15,7 +18,6 @@ Run:
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 
 import torch
@@ -57,8 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     threads = set_threads(args.threads)
     config = LlamaConfig(**{**SMOLLM2, "num_hidden_layers": args.layers})
     torch.manual_seed(0)
-    rope = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
-    converted = rove.hf.convert(copy.deepcopy(rope), "rove")
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     lines = [
         f"Llama of SmolLM2-135M's shape, {args.layers} layers, random fp32 weights, SDPA, "
         f"{threads} thread(s), {args.clock} clock; forward only (no grad), logits included.",
@@ -70,15 +71,20 @@ def main(argv: list[str] | None = None) -> None:
         batch, tokens = map(int, shape.split("x"))
         ids = torch.randint(0, config.vocab_size, (batch, tokens))
 
-        def forward(model, ids: torch.Tensor = ids):
+        def forward(pos: str, ids: torch.Tensor = ids):
             def call() -> None:
+                rove.hf.convert(model, pos)
                 with torch.no_grad():
                     model(ids)
 
             return call
 
+        with torch.no_grad():  # the toggle does switch: the two timed functions differ
+            rope_out = rove.hf.convert(model, "rope")(ids).logits
+            if torch.equal(rove.hf.convert(model, "rove")(ids).logits, rope_out):
+                raise RuntimeError("converting the model did not change its output")
         timings = time_interleaved(
-            {"rope": forward(rope), "rove": forward(converted)},
+            {"rope": forward("rope"), "rove": forward("rove")},
             rounds=args.rounds,
             budget_s=args.budget_s,
             clock=time.process_time if args.clock == "cpu" else time.perf_counter,

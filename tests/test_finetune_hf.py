@@ -185,7 +185,7 @@ def test_the_readme_command_runs_as_written(llama, llama_data):
     from rove.train import cli as train_cli
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (line,) = re.findall(r"^rove finetune \./my-llama .*$", readme, flags=re.M)
+    (line,) = re.findall(r"^rove finetune \./my-llama --data-dir .*$", readme, flags=re.M)
     argv = line.split()[2:]
     argv[argv.index("./my-llama")] = str(llama)
     argv[argv.index("data/my-llama")] = str(llama_data)

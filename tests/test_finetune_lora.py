@@ -166,3 +166,21 @@ def test_the_command_line_flags_set_the_fields(llama):  # noqa: F811
     args, stored = build_parser().parse_args(argv), None
     cfg = train_cli.config_from_args(args, stored).resolve()
     assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) == (8, 4.0, ["q_proj", "v_proj"])
+
+
+def test_the_readme_lora_command_resolves_as_written(llama, llama_data):  # noqa: F811
+    """README's ``rove finetune ./my-llama --lora 16 --max-steps 500``."""
+    import re
+    from pathlib import Path
+
+    from rove.finetune import build_parser
+    from rove.train import cli as train_cli
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (line,) = re.findall(r"^rove finetune \./my-llama --lora .*$", readme, flags=re.M)
+    argv = line.split("#")[0].split()[2:]
+    argv[argv.index("./my-llama")] = str(llama)
+    args, stored = train_cli.parse_args(build_parser(), [*argv, "--data-dir", str(llama_data)])
+    cfg = train_cli.config_from_args(args, stored).resolve()
+    assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) == (16, 32.0, ["all-linear"])
+    assert (cfg.pos, cfg.conversion, cfg.max_steps) == ("rove", "smooth", 500)
