@@ -187,6 +187,20 @@ def test_finetune_intro_and_the_rest_of_the_report(tmp_path) -> None:
     assert md.index("(recovery.png)") < md.index("## Out-of-distribution")
 
 
+def test_a_lora_comparison_says_what_trained(tmp_path) -> None:
+    res = finetune_results()
+    for r in res["runs"]:
+        r["lora"] = {"rank": 8, "alpha": 16.0, "targets": ["all-linear"]}
+    md = write_report(res, tmp_path).read_text()
+    assert (
+        "(2,000 tokens), training a LoRA adapter (rank 8, alpha 16, on all-linear) with the "
+        "model's weights frozen: rope continues it unchanged" in md
+    )
+    res["runs"][0]["lora"] = None
+    md = write_report(res, tmp_path).read_text()
+    assert "some with a LoRA adapter and some without" in md
+
+
 def test_plain_comparison_has_no_recovery(tmp_path) -> None:
     res = finetune_results()
     res["config"]["train"] = {}  # init_from unset: trained from random init

@@ -214,6 +214,13 @@ def _eval_is_current(record: dict, cfg: CompareConfig, summary: dict, seq_len: i
     return made_with == cfg.eval
 
 
+def _lora(train: dict) -> dict | None:
+    """A run's LoRA adapter as its recipe recorded it (None: it trained every weight)."""
+    if train.get("lora_rank") is None:
+        return None
+    return {k: train.get(f"lora_{k}") for k in ("rank", "alpha", "targets")}
+
+
 def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
     """Train (or resume) and evaluate one model, reusing whatever is already on disk."""
     tcfg = cfg.train_config(pos, seed)
@@ -237,6 +244,7 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
         "fingerprint": run_fingerprint(stored),
         "conversion": stored.get("conversion"),  # a finetune's: smooth | hard | None
         "ramp_steps": stored.get("ramp_steps"),
+        "lora": _lora(stored),  # a LoRA finetune's adapter: {rank, alpha, targets}, else None
         "train": summary,
         "curve": _curve(run_dir),
     }

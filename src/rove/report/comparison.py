@@ -8,6 +8,7 @@ model: ``label``, ``pos``, ``seed``, ``train_len``, ``ppl``, ``ppl_scaled``, ``r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -597,9 +598,23 @@ def _finetune_line(runs: list[dict], baseline: str, source: str) -> str:
     converted = ", ".join(_converted(runs, baseline))
     return (
         f"Finetune comparison: every run continues the model `{source}` for {steps} steps "
-        f"({tokens} tokens): {baseline} continues it unchanged (the control), {converted} "
-        f"continues the same weights {_how_converted(runs, baseline)}; the arms of a seed share "
-        "tokens, data order, learning-rate schedule and steps."
+        f"({tokens} tokens){_lora_clause(runs)}: {baseline} continues it unchanged (the "
+        f"control), {converted} continues the same weights {_how_converted(runs, baseline)}; "
+        "the arms of a seed share tokens, data order, learning-rate schedule and steps."
+    )
+
+
+def _lora_clause(runs: list[dict]) -> str:
+    """How a LoRA comparison trained (the same adapter in every run), or nothing."""
+    adapters = {json.dumps(r.get("lora"), sort_keys=True) for r in runs}
+    if adapters == {"null"}:
+        return ""
+    if len(adapters) > 1:
+        return ", some with a LoRA adapter and some without (see each run's recipe)"
+    lora = runs[0]["lora"]
+    return (
+        f", training a LoRA adapter (rank {lora['rank']}, alpha {lora['alpha']:g}, on "
+        f"{', '.join(lora['targets'])}) with the model's weights frozen"
     )
 
 
