@@ -118,6 +118,9 @@ def test_a_finetuned_rove_model_exports_and_reloads_as_rove_in_a_fresh_process(s
     assert load_model(mid)[0].rove_fraction == 0.5
     with pytest.raises(ValueError, match=r"fraction 0\.5 of RoVE's angles"):
         export_run(mid, tmp_path / "mid")
+    with pytest.raises(ValueError, match=r"step 2 of a 4-step ramp, V/O at 0\.5 .*--resume"):
+        TrainConfig(init_from=str(mid), max_steps=2).resolve()  # nor continued as either arm
+    assert read_source(run_dir / "checkpoints" / "step_000004").pos == "rove"  # the ramp's end
     out = export_run(run_dir, tmp_path / "export")
     model, _ = load_model(run_dir)
     assert model.rove_fraction == 1.0

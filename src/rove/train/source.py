@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 
 from rove import run_files
-from rove.functional import ROTARY_POS
+from rove.functional import ROTARY_POS, conversion_fraction
 from rove.model import GPT
 from rove.rotary import Scaling, scaling_on_top
 
@@ -126,6 +126,7 @@ def read_source(path: str | Path) -> SourceModel:
         raise ValueError(f"init_from {folder}: its {META_FILE} has no model_config")
     pos = str(model_config.get("pos"))
     _check_rotary(pos, folder)
+    _check_not_mid_ramp(meta, folder)
     return SourceModel(
         kind="checkpoint",
         path=folder,
@@ -166,6 +167,23 @@ def _hf_source(folder: Path, name: str | None = None) -> SourceModel:
         tokenizer=None,
         step=None,
     )
+
+
+def _check_not_mid_ramp(meta: dict, where: Path) -> None:
+    """A checkpoint taken inside a smooth conversion's ramp holds a model between RoPE and RoVE
+    (V/O at a fraction of RoVE's angles), which neither arm of a new finetune continues: read
+    as RoPE or RoVE, its function would jump."""
+    train = meta.get("train_config") or {}
+    if train.get("conversion") != "smooth" or not isinstance(meta.get("step"), int):
+        return
+    fraction = conversion_fraction(meta["step"], int(train["ramp_steps"]))
+    if fraction < 1:
+        raise ValueError(
+            f"init_from {where}: a checkpoint inside its run's smooth conversion (step "
+            f"{meta['step']} of a {train['ramp_steps']}-step ramp, V/O at {fraction:.3g} of "
+            "RoVE's angles) is neither RoPE nor RoVE; resume that run (--resume), or continue "
+            f"a checkpoint from step {train['ramp_steps']} on"
+        )
 
 
 def _check_rotary(pos: str, where: Path) -> None:
