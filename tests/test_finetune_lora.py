@@ -35,6 +35,19 @@ OUTPUTS = (
 )
 
 
+def assert_same_in_a_fresh_process(load: str, folder, lora_run, tmp_path) -> None:
+    """``load`` (Python reading ``folder`` as ``sys.argv[1]``) in a new interpreter is RoVE and
+    computes the RoVE run's model: the round trip a user makes."""
+    model, _ = load_any_model(lora_run["rove"])
+    idx = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(0))
+    torch.save({"idx": idx}, tmp_path / "idx.pt")
+    stdout = run_python(OUTPUTS.format(load=load), folder, tmp_path / "idx.pt", tmp_path / "y.pt")
+    assert stdout.strip().splitlines()[-1] == "rove"
+    with torch.no_grad():
+        want = model(idx)
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), want, rtol=0, atol=1e-5)
+
+
 def val_curve(run_dir) -> dict[int, float]:
     return {r["step"]: r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r}
 
@@ -79,15 +92,7 @@ def test_the_adapter_loads_on_its_source_in_a_fresh_process_as_rove(lora_run, ll
     assert config["base_model_name_or_path"] == str(llama.resolve())
     assert config["rove"] == {"pos": "rove", "model_type": "llama"}
 
-    model, _ = load_any_model(lora_run["rove"])
-    idx = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(0))
-    torch.save({"idx": idx}, tmp_path / "idx.pt")
-    code = OUTPUTS.format(load="rove.hf.load_adapter(sys.argv[1])")
-    stdout = run_python(code, folder, tmp_path / "idx.pt", tmp_path / "y.pt")
-    assert stdout.strip().splitlines()[-1] == "rove"
-    with torch.no_grad():
-        want = model(idx)
-    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), want, rtol=0, atol=1e-5)
+    assert_same_in_a_fresh_process("rove.hf.load_adapter(sys.argv[1])", folder, lora_run, tmp_path)
 
 
 def test_an_export_is_the_merged_model(lora_run, tmp_path):
@@ -95,15 +100,7 @@ def test_an_export_is_the_merged_model(lora_run, tmp_path):
 
     out = export_run(lora_run["rove"], tmp_path / "export")
     assert not (out / "adapter_config.json").exists()
-    model, _ = load_any_model(lora_run["rove"])
-    idx = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(1))
-    torch.save({"idx": idx}, tmp_path / "idx.pt")
-    code = OUTPUTS.format(load="rove.hf.from_pretrained(sys.argv[1])")
-    stdout = run_python(code, out, tmp_path / "idx.pt", tmp_path / "y.pt")
-    assert stdout.strip().splitlines()[-1] == "rove"
-    with torch.no_grad():
-        want = model(idx)
-    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), want, rtol=0, atol=1e-5)
+    assert_same_in_a_fresh_process("rove.hf.from_pretrained(sys.argv[1])", out, lora_run, tmp_path)
 
 
 def test_an_interrupted_lora_finetune_resumes_bit_for_bit(llama, llama_data, tmp_path):  # noqa: F811
