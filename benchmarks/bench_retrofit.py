@@ -29,7 +29,9 @@ import argparse
 import importlib.util
 import json
 import math
+import re
 import site
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -45,6 +47,7 @@ LICENSES = Path("/usr/share/common-licenses")
 EVAL_FILES = ["GPL-3", "Apache-2.0", "MPL-2.0", "GFDL-1.3", "LGPL-2.1", "Artistic"]
 BANDS = [(0, 256), (256, 1024), (1024, 2048)]
 ARMS = ("rope", "hard", "smooth")
+SAVED = ("seed", "ramp_steps")  # what --summarize reads back from a --json's args
 FIGURE = Path(__file__).resolve().parents[1] / "docs" / "figures" / "retrofit_smollm2.png"
 
 
@@ -232,6 +235,48 @@ def tables(conversion: dict, final: dict, results: dict, seq_len: int) -> list[s
     return [*lines, "", f"Seconds per arm (training and its evaluations): {seconds}."]
 
 
+def seeds_summary(paths: list[Path]) -> list[str]:
+    """Markdown over several ``--json`` files (seeds, and arms split across processes): each
+    arm's held-out NLL at the end per seed, at the training context and on 2048-token windows,
+    then each RoVE arm's paired difference to the hard arm and to the control over the seeds."""
+    ends: dict[str, dict[int, tuple[float, float]]] = {}  # {arm: {seed: (at seq_len, at 2k)}}
+    for path in paths:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        seed, ramp = (int(re.search(rf"'{k}': (\d+)", saved["args"])[1]) for k in SAVED)
+        for arm, res in saved["arms"].items():
+            label = f"smooth, ramp {ramp}" if arm == "smooth" else arm
+            ends.setdefault(label, {})[seed] = (
+                res["curve"][-1]["val_nll"],
+                saved["final"][arm]["all"],
+            )
+    seeds = sorted({seed for by_seed in ends.values() for seed in by_seed})
+    lines = [
+        "| arm | " + " | ".join(f"seed {s}: train ctx / 2k" for s in seeds) + " |",
+        "|---|" + "---|" * len(seeds),
+    ]
+    for arm, by_seed in ends.items():
+        cells = [
+            f"{by_seed[s][0]:.4f} / {by_seed[s][1]:.3f}" if s in by_seed else "-" for s in seeds
+        ]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| paired difference (mean ± std over seeds) | train ctx | 2k | seeds lower |",
+        "|---|---|---|---|",
+    ]
+    for arm in (a for a in ends if a != "rope"):
+        for other in (o for o in ("hard", "rope") if o in ends and o != arm):
+            common = sorted(set(ends[arm]) & set(ends[other]))
+            diffs = [[ends[arm][s][i] - ends[other][s][i] for s in common] for i in (0, 1)]
+            spread = [statistics.stdev(d) if len(d) > 1 else math.nan for d in diffs]
+            lower = sum(d < 0 for d in diffs[0])
+            lines.append(
+                f"| {arm} - {other} | {statistics.mean(diffs[0]):+.4f} ± {spread[0]:.4f} | "
+                f"{statistics.mean(diffs[1]):+.3f} ± {spread[1]:.3f} | {lower} of {len(common)} |"
+            )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=120)
@@ -259,8 +304,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--from-json", type=Path, help="only redraw the figure and print the tables of a --json"
     )
+    parser.add_argument(
+        "--summarize",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="only print the seeds summary of several --json files (other seeds, other ramps)",
+    )
     add_record_arguments(parser)
     args = parser.parse_args(argv)
+    if args.summarize:
+        print("\n".join(seeds_summary(args.summarize)))
+        return
     if args.from_json:
         saved = json.loads(args.from_json.read_text(encoding="utf-8"))
         plot(saved["arms"], saved["conversion"], saved["final"], args.figure)

@@ -136,3 +136,32 @@ def test_retrofit_benchmark_redraws_a_saved_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| smooth after 4 steps | 3.000 | 2.500 | 2.400 | 2.600 |" in out
     assert "| 4 | 2.9000 | 2.9000 |" in out and figure.stat().st_size > 0
+
+
+def test_retrofit_seeds_summary_pairs_arms_across_files(tmp_path, capsys):
+    """--summarize merges seeds and arms run in separate processes, names the smooth arm by its
+    ramp, and pairs each RoVE arm with the hard arm and the control over common seeds."""
+    import json
+
+    import bench_retrofit
+
+    def saved(seed: int, ramp: int, ends: dict[str, tuple[float, float]]) -> dict:
+        return {
+            "final": {arm: {"all": long} for arm, (_, long) in ends.items()},
+            "arms": {arm: {"curve": [{"step": 8, "val_nll": short}]} for arm, (short, _) in ends.items()},
+            "args": str({"seed": seed, "ramp_steps": ramp}),
+        }  # fmt: skip
+
+    files = {
+        "a": saved(0, 2, {"rope": (3.0, 2.8), "hard": (3.5, 3.6), "smooth": (3.6, 3.7)}),
+        "b": saved(1, 2, {"rope": (3.1, 2.9), "hard": (3.4, 3.5)}),
+        "c": saved(1, 2, {"smooth": (3.3, 3.4)}),  # seed 1's smooth arm, another process
+    }
+    for name, content in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(content))
+    bench_retrofit.main(["--summarize", *(str(tmp_path / f"{n}.json") for n in files)])
+    out = capsys.readouterr().out
+    assert "| smooth, ramp 2 | 3.6000 / 3.700 | 3.3000 / 3.400 |" in out
+    # smooth - hard: +0.1 and -0.1 at the training context, +0.1 and -0.1 at 2k
+    assert "| smooth, ramp 2 - hard | +0.0000 ± 0.1414 | +0.000 ± 0.141 | 1 of 2 |" in out
+    assert "| hard - rope | +0.4000 ± 0.1414 | +0.700 ± 0.141 | 0 of 2 |" in out
