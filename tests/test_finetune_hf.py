@@ -173,6 +173,9 @@ def test_a_shorter_finetune_context_keeps_the_source_context(llama, llama_data, 
     model, meta = load_any_model(run_dir)
     assert model.config.block_size == meta["model_config"]["block_size"] == 256
     assert read_source(run_dir).context == 256
+    # continued again, it keeps the context (and batch) it trained at, not its model's
+    again = TrainConfig(init_from=str(run_dir), max_steps=1).resolve()
+    assert (again.seq_len, again.micro_batch, again.tokens_per_step) == (64, 8, 512)
 
 
 def test_the_readme_command_runs_as_written(llama, llama_data):

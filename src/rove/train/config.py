@@ -640,10 +640,13 @@ def _finetune_defaults(values: dict, source: SourceModel) -> dict:
         values["data_val_fraction"] = values["data_val_fraction"] or stored.get("data_val_fraction")
     if values["tokenizer"] is None and values["data_dir"] is None:
         values["tokenizer"] = stored.get("tokenizer")
+    # the context the source run trained at, which its batch was made for: its model's block_size
+    # unless it was itself a finetune at a shorter context than its own source's
+    trained_at = stored.get("seq_len") or source.context
     if values["seq_len"] is None:
-        values["seq_len"] = source.block_size
+        values["seq_len"] = trained_at
     recipe = {name: stored.get(name, RECIPES[values["preset"]][name]) for name in _RECIPE_FIELDS}
-    return _same_tokens(values, recipe, source.context)
+    return _same_tokens(values, recipe, trained_at)
 
 
 def _same_tokens(values: dict, recipe: dict, context: int) -> dict:
