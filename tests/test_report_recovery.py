@@ -104,7 +104,7 @@ def test_recovery_section_table_and_words() -> None:
 def test_findings_say_plainly_when_rove_ends_worse() -> None:
     lines = findings(finetune_results())
     assert lines[0] == (
-        "- Recovery: just converted, rove has a validation loss of 4.5000 (+1.5000 nats vs the "
+        "- Recovery: just converted (step 0), rove has a validation loss of 4.5000 (+1.5000 nats vs the "
         "input model's 3.0000); it is back at the input model's loss at step 50 in seed 1, "
         "step 100 in seed 0; not within 200 steps in seed 2."
     )
@@ -164,6 +164,31 @@ def test_missing_validation_steps_and_runs_are_named_not_guessed() -> None:
         "is worse" in md
     )
     assert "- Recovery not fully paired in seeds 0, 1, 2: see the Recovery section." in md
+
+
+def test_a_smooth_conversion_is_measured_from_its_ramps_end(tmp_path) -> None:
+    """A smooth arm starts at the input's loss by construction: its cost and its recovery count
+    from the first validation at or after the ramp's end (here step 50 of a 40-step ramp),
+    not from step 0, where it would read as recovered before it began."""
+    smooth = {
+        0: (3.0, 3.6, 2.95, 2.7, 2.55),
+        1: (3.0, 3.4, 3.1, 2.9, 2.8),
+        2: (3.0, 3.5, 3.2, 3.1, 3.0),
+    }
+    res = finetune_results(smooth)
+    for r in res["runs"]:
+        if r["label"] == "rove":
+            r["conversion"], r["ramp_steps"] = "smooth", 40
+    recs = recoveries(res["runs"], "rove", "rope")
+    assert [r.converted_step for r in recs] == [50, 50, 50]
+    assert [r.converted_loss for r in recs] == [3.6, 3.4, 3.5]
+    assert [r.reached for r in recs] == [100, 150, 200]  # not step 0
+    md = write_report(res, tmp_path).read_text()
+    assert (
+        "- Recovery: converted (step 50, where its smooth conversion's ramp ends), rove has a "
+        "validation loss of 3.5000 (+0.5000 nats vs the input model's 3.0000)" in md
+    )
+    assert "| rove converted (step 50, where its smooth conversion's ramp ends) |" in md
 
 
 def test_finetune_intro_and_the_rest_of_the_report(tmp_path) -> None:

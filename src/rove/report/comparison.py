@@ -45,6 +45,7 @@ from rove.report.recovery import (
     END_POINTS,
     SeedRecovery,
     caught_up_text,
+    converted_text,
     end_paired,
     end_text,
     init_from,
@@ -679,14 +680,15 @@ def _recovery_section(
         "scores a small sample, and the gap moves between validations by about as much as an "
         "end gap (the step-to-step noise column: the root mean square of the gap's change "
         "between successive validations over the second half of the run). "
-        "\"reaches the input's loss\": the first validation step at or below the input model's "
+        '"reaches the input\'s loss": the first validation step from the conversion on (step 0, '
+        "or a smooth conversion's ramp's end) at or below the input model's "
         f'loss; "at or below {baseline} from": the first step from which it stays at or below '
         f"{baseline} at every later common step.",
     ]
     for label in _converted(runs, baseline):
         recs = recoveries(runs, label, baseline)
         header = [
-            "seed", f"input model ({baseline}, step 0)", f"{label} just converted (step 0)",
+            "seed", f"input model ({baseline}, step 0)", f"{label} {converted_text(recs)}",
             "end steps", f"{baseline} at the end", f"{label} at the end",
             f"{label} - {baseline} at the end", "step-to-step noise of the gap",
             f"{label} reaches the input's loss",

@@ -30,6 +30,8 @@ __all__ = [
     "END_POINTS",
     "SeedRecovery",
     "caught_up_text",
+    "converted_at",
+    "converted_text",
     "end_paired",
     "init_from",
     "reached_text",
@@ -64,7 +66,8 @@ class SeedRecovery:
 
     seed: int
     input_loss: float | None  # the baseline's step-0 loss: the input model
-    converted_loss: float | None  # the arm's step-0 loss: just converted
+    # the arm's loss just converted: at step 0, or a smooth conversion's at its ramp's end
+    converted_loss: float | None
     end_step: int | None  # the last validation step both arms have
     end_baseline: float | None  # mean over end_steps
     end_method: float | None  # mean over end_steps
@@ -74,6 +77,7 @@ class SeedRecovery:
     missing: tuple[str, ...]  # what could not be paired, one phrase each
     end_steps: tuple[int, ...] = ()  # the common steps the end averages (see END_POINTS)
     gap_noise: float | None = None  # rms step-to-step change of the gap, second half of the run
+    converted_step: int | None = 0  # the validation step converted_loss is taken at
 
     @property
     def end_gap(self) -> float | None:
@@ -112,9 +116,10 @@ def _seed_recovery(
     if not common:
         missing.append("no validation step in common")
     input_loss = b.get(0)
+    at = converted_at(method, m)
     reached = None
-    if input_loss is not None:
-        reached = next((s for s in sorted(m) if m[s] <= input_loss), None)
+    if input_loss is not None and at is not None:
+        reached = next((s for s in sorted(m) if s >= at and m[s] <= input_loss), None)
     caught_up = None
     for s in reversed(common):  # walk back while the arm stays at or below the baseline
         if m[s] > b[s]:
@@ -125,7 +130,7 @@ def _seed_recovery(
     return SeedRecovery(
         seed=seed,
         input_loss=input_loss,
-        converted_loss=m.get(0),
+        converted_loss=m.get(at) if at is not None else None,
         end_step=ends[-1] if ends else None,
         end_baseline=statistics.fmean(b[s] for s in ends) if ends else None,
         end_method=statistics.fmean(m[s] for s in ends) if ends else None,
@@ -135,7 +140,18 @@ def _seed_recovery(
         missing=tuple(missing),
         end_steps=tuple(ends),
         gap_noise=_gap_noise([m[s] - b[s] for s in later[len(later) // 2 :]]),
+        converted_step=at,
     )
+
+
+def converted_at(run: dict, curve: dict[int, float]) -> int | None:
+    """The validation step at which ``run`` is converted: 0, or for a smooth conversion the
+    first validation at or after its ramp's end (None if the curve stops before it). A smooth
+    arm's step-0 loss is the input model's by construction; its conversion's cost shows once
+    V and O rotate by all of RoVE's angles."""
+    if run.get("conversion") != "smooth" or not run.get("ramp_steps"):
+        return 0
+    return next((s for s in sorted(curve) if s >= run["ramp_steps"]), None)
 
 
 def _gap_noise(gaps: list[float]) -> float | None:
@@ -155,6 +171,16 @@ def recoveries(runs: list[dict], label: str, baseline: str) -> list[SeedRecovery
         _seed_recovery(s, by_seed[label].get(s), by_seed[baseline].get(s), label, baseline)
         for s in seeds
     ]
+
+
+def converted_text(recs: list[SeedRecovery]) -> str:
+    """When the converted loss was taken: "just converted (step 0)", or at a smooth
+    conversion's ramp's end."""
+    steps = sorted({r.converted_step for r in recs if r.converted_step is not None})
+    if steps in ([], [0]):
+        return "just converted (step 0)"
+    span = str(steps[0]) if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
+    return f"converted (step {span}, where its smooth conversion's ramp ends)"
 
 
 def reached_text(rec: SeedRecovery) -> str:
@@ -246,7 +272,7 @@ def recovery_findings(recs: list[SeedRecovery], label: str, baseline: str) -> li
         else:
             back = f"is not back at the input model's loss: {late}"
         lines.append(
-            f"- Recovery: just converted, {label} has a validation loss of {conv:.4f} "
+            f"- Recovery: {converted_text(start)}, {label} has a validation loss of {conv:.4f} "
             f"({conv - inp:+.4f} nats vs the input model's {inp:.4f}); it {back}."
         )
     gaps = {r.seed: g for r in recs if (g := r.end_gap) is not None}
