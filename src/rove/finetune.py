@@ -16,7 +16,7 @@ rove model continues with its own recipe unless a flag changes it, and ``--max-s
 ``--token-budget``) is how long. ``--pos rove`` converts the model (no new parameters, the V/O
 rotations change its function), ``--pos rope`` continues it unchanged. A RoPE model becomes
 RoVE smoothly by default (``--conversion smooth``): V and O rotate by a fraction a of RoVE's
-angles, ramped linearly from 0 (exactly the source's function, so no loss spike) to 1 (exactly
+angles, ramped linearly from 0 (exactly the source's function, no step-0 spike) to 1 (exactly
 RoVE) over ``--ramp-steps`` (a tenth of the run); every run ends, and is saved, as plain RoVE.
 ``--conversion hard`` switches at step 0.
 

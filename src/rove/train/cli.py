@@ -130,8 +130,8 @@ def build_parser(
         "--conversion",
         choices=CONVERSIONS,
         help="a finetune of a RoPE model as RoVE only: smooth (default) ramps the V/O rotations "
-        "from none of RoVE's angles (the model as it is) to all of them over --ramp-steps, no "
-        "loss spike; hard converts at step 0",
+        "from none of RoVE's angles (the model as it is) to all of them over --ramp-steps, so "
+        "both arms start equal; hard converts at step 0 (measured to end marginally better)",
     )
     g.add_argument(
         "--ramp-steps",
