@@ -76,7 +76,10 @@ def add_lora(model: nn.Module, spec: LoraSpec) -> Any:
 
     targets: str | list[str] = ALL_LINEAR if spec.targets == (ALL_LINEAR,) else list(spec.targets)
     config = peft.LoraConfig(
-        r=spec.rank, lora_alpha=spec.alpha, target_modules=targets, lora_dropout=0.0
+        r=spec.rank,
+        lora_alpha=spec.alpha,  # type: ignore[arg-type]  # PEFT says int; it divides by r
+        target_modules=targets,
+        lora_dropout=0.0,
     )
     try:
         with warnings.catch_warnings():  # transformers 5 deprecates a name PEFT still calls
@@ -91,7 +94,7 @@ def is_lora(model: nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
 
 
-def merged(model: nn.Module) -> nn.Module:
+def merged(model: Any) -> Any:
     """A copy of the PEFT ``model`` with its adapter merged into the weights: the plain
     transformers model computing the same function (RoVE's hooks are copied with it and move
     back onto the merged projections at its first forward). ``model`` is left as it is."""
