@@ -13,8 +13,8 @@ The defaults, and why:
   cannot adapt ``o_proj``, nor the MLPs that read what the new attention writes.
 - ``alpha = 2 * rank``: the scale ``alpha / rank`` = 2 that torchtune's and litgpt's recipes
   use, so a rank change keeps the update's size.
-- no dropout: the runs are short continuations, and dropout would make the step-0 loss of a
-  comparison's arms differ from their source's.
+- no dropout: the models it adapts (Llama, Qwen, ...) trained without any, and a short
+  continuation has little to regularise.
 """
 
 from __future__ import annotations
