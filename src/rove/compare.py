@@ -214,13 +214,6 @@ def _eval_is_current(record: dict, cfg: CompareConfig, summary: dict, seq_len: i
     return made_with == cfg.eval
 
 
-def _lora(train: dict) -> dict | None:
-    """A run's LoRA adapter as its recipe recorded it (None: it trained every weight)."""
-    if train.get("lora_rank") is None:
-        return None
-    return {k: train.get(f"lora_{k}") for k in ("rank", "alpha", "targets")}
-
-
 def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
     """Train (or resume) and evaluate one model, reusing whatever is already on disk."""
     tcfg = cfg.train_config(pos, seed)
@@ -228,7 +221,8 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
     if not (run_dir / run_files.SUMMARY).is_file():
         train(tcfg, progress=progress, resume=run_dir.is_dir())
     summary = json.loads((run_dir / run_files.SUMMARY).read_text())
-    stored = json.loads(run_files.recipe_file(run_dir).read_text(encoding="utf-8"))["train"]
+    recipe = json.loads(run_files.recipe_file(run_dir).read_text(encoding="utf-8"))
+    stored = recipe["train"]
     eval_file = run_dir / run_files.EVAL
     with eval_output_lock(eval_file):
         record = json.loads(eval_file.read_text()) if eval_file.is_file() else None
@@ -244,7 +238,8 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
         "fingerprint": run_fingerprint(stored),
         "conversion": stored.get("conversion"),  # a finetune's: smooth | hard | None
         "ramp_steps": stored.get("ramp_steps"),
-        "lora": _lora(stored),  # a LoRA finetune's adapter: {rank, alpha, targets}, else None
+        # a LoRA finetune's adapter as its model config holds it: {rank, alpha, targets}
+        "lora": recipe.get("model", {}).get("lora"),
         "train": summary,
         "curve": _curve(run_dir),
     }
