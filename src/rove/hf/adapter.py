@@ -23,6 +23,7 @@ from typing import Any
 
 from rove.atomic import save_folder, write_json_atomic
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, convert, current_pos
+from rove.hf.lora import peft_notes_silenced
 
 __all__ = ["ADAPTER_CONFIG", "load_adapter", "save_adapter"]
 
@@ -103,7 +104,7 @@ def load_adapter(folder: str | Path, base: Any | None = None, **kwargs: Any) -> 
                 f"the base given is {base_type!r}"
             )
         convert(base, state["pos"])
-    with warnings.catch_warnings():  # PEFT's: the 'rove' key it does not know, a renamed API
+    with peft_notes_silenced(), warnings.catch_warnings():
+        # PEFT's "unexpected keyword 'rove', upgrade PEFT"
         warnings.filterwarnings("ignore", rf"Unexpected keyword arguments \['{STATE_KEY}'\]")
-        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")
         return PeftModel.from_pretrained(base, str(folder))

@@ -19,8 +19,10 @@ The defaults, and why:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,7 @@ from torch import nn
 
 from rove._extras import needs_extra
 
-__all__ = ["ALL_LINEAR", "LoraSpec", "add_lora", "is_lora", "merged"]
+__all__ = ["ALL_LINEAR", "LoraSpec", "add_lora", "merged", "peft_notes_silenced"]
 
 ALL_LINEAR = "all-linear"  # PEFT's keyword: every linear layer but the output head
 
@@ -82,16 +84,19 @@ def add_lora(model: nn.Module, spec: LoraSpec) -> Any:
         lora_dropout=0.0,
     )
     try:
-        with warnings.catch_warnings():  # transformers 5 deprecates a name PEFT still calls
-            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")
+        with peft_notes_silenced():
             return peft.get_peft_model(model, config)
     except ValueError as err:  # e.g. a target name the model does not have
         raise ValueError(f"LoRA targets {list(spec.targets)}: {err}") from None
 
 
-def is_lora(model: nn.Module) -> bool:
-    """True for a PEFT model (what :func:`add_lora` returns)."""
-    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+@contextlib.contextmanager
+def peft_notes_silenced() -> Iterator[None]:
+    """PEFT's call of a name transformers 5 deprecates (``is_gradient_checkpointing``) warns
+    at every wrap and load: noise to a user, whose own code did not call it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")
+        yield
 
 
 def merged(model: Any) -> Any:
