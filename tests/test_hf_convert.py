@@ -6,6 +6,7 @@ Tiny random models are built locally from configs (no hub); float64 where values
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -137,6 +138,28 @@ def attention_calls(model, ids: torch.Tensor, positions: torch.Tensor) -> list[t
     return seen
 
 
+def assert_layers_are(model, arch: str, reference: Callable[..., torch.Tensor]) -> None:
+    """Every attention layer of the converted ``model``, in one forward over two rows of 12
+    positions (the second shifted by 8: past a 16-position context, dynamic ropes rescale),
+    equals ``reference(q, k, v, rotary, positions, scale)`` on the layer's own projections (q
+    with the model's logit scale), through its output projection."""
+    seq = 12
+    positions = torch.stack([torch.arange(seq), torch.arange(seq) + 8])
+    ids = torch.randint(1, VOCAB, (2, seq))
+    seen = attention_calls(model, ids, positions)
+    rove.hf.convert(model, "rope")  # plain projections for the reference
+    assert len(seen) == 2
+    for attn, x, out in seen:
+        q, k, v = projections(arch, attn, x)
+        rotary = hf_rotary(model, q.shape[-1])
+        q = hf_logit_scale(model, q, rotary.rotary_dim)
+        y = reference(q, k, v, rotary, positions, scaling(attn))
+        proj = attn.dense if arch in ("gpt_neox", "phi") else attn.o_proj
+        expected = proj(y.transpose(1, 2).flatten(2).to(out.dtype))
+        # HF computes its angles in float32: ~1e-7 relative, far below any position error
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
 def attention_modules(model):
     return [m for m in model.modules() if type(m).__name__.endswith("Attention")]
 
@@ -207,23 +230,12 @@ def test_forward_matches_rove_attention(arch, rope):
     # max_positions=16 with positions up to 19 makes the dynamic rope actually rescale
     model = tiny_model(arch, rope, max_positions=16)
     rove.hf.convert(model)
-    seq = 12
-    positions = torch.stack([torch.arange(seq), torch.arange(seq) + 8])  # shifted second row
-    ids = torch.randint(1, VOCAB, (2, seq))
-    seen = attention_calls(model, ids, positions)
-    rove.hf.convert(model, "rope")  # plain projections for the reference
-    assert len(seen) == 2
-    for attn, x, out in seen:
-        q, k, v = projections(arch, attn, x)
-        rotary = hf_rotary(model, q.shape[-1])
-        q = hf_logit_scale(model, q, rotary.rotary_dim)
-        y = attention(
-            q, k, v, pos="rove", rotary=rotary, q_positions=positions, scale=scaling(attn)
-        )
-        proj = attn.dense if arch in ("gpt_neox", "phi") else attn.o_proj
-        expected = proj(y.transpose(1, 2).flatten(2))
-        # HF computes its angles in float32: ~1e-7 relative, far below any position error
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert_layers_are(
+        model, arch,
+        lambda q, k, v, rotary, positions, scale: attention(
+            q, k, v, pos="rove", rotary=rotary, q_positions=positions, scale=scale
+        ),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", ARCHS + MORE_ARCHS)

@@ -14,12 +14,8 @@ from rove.reference import reference_attention  # noqa: E402
 from test_hf_convert import (  # noqa: E402
     ARCHS,
     VOCAB,
-    attention_calls,
+    assert_layers_are,
     cache_kwarg,
-    hf_logit_scale,
-    hf_rotary,
-    projections,
-    scaling,
     tiny_model,
 )
 
@@ -38,24 +34,13 @@ def test_layers_at_a_fraction_are_the_oracle(arch, rope, a):
     model = tiny_model(arch, rope, max_positions=16)
     rove.hf.convert(model, fraction=a)
     assert rove.hf.current_fraction(model) == a
-    seq = 12
-    positions = torch.stack([torch.arange(seq), torch.arange(seq) + 8])  # past 16: dynamic scales
-    ids = torch.randint(1, VOCAB, (2, seq))
-    seen = attention_calls(model, ids, positions)
-    rove.hf.convert(model, "rope")  # plain projections for the reference
-    assert len(seen) == 2
-    for attn, x, out in seen:
-        q, k, v = projections(arch, attn, x)
-        rotary = hf_rotary(model, q.shape[-1])
-        q = hf_logit_scale(model, q, rotary.rotary_dim)
-        y = reference_attention(
+    assert_layers_are(
+        model, arch,
+        lambda q, k, v, rotary, positions, scale: reference_attention(
             q, k, v, pos="rove", rotary=rotary, q_positions=positions, k_positions=positions,
-            scale=scaling(attn), fraction=a,
-        )  # fmt: skip
-        proj = attn.dense if arch in ("gpt_neox", "phi") else attn.o_proj
-        expected = proj(y.transpose(1, 2).flatten(2).to(out.dtype))
-        # HF computes its q/k angles in float32: ~1e-7 relative
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+            scale=scale, fraction=a,
+        ),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", ARCHS)
