@@ -270,7 +270,12 @@ def test_convert_twice_equals_convert_once():
 )
 def test_cached_decoding_equals_full_forward(arch, rope):
     """Prefill + one-token steps through the HF cache give the logits of one full forward."""
-    model = rove.hf.convert(tiny_model(arch, rope))
+    assert_cached_decoding_is_full_forward(rove.hf.convert(tiny_model(arch, rope)))
+
+
+def assert_cached_decoding_is_full_forward(model) -> None:
+    """A 6-token prefill and six one-token steps through the HF cache give the logits of one
+    12-token forward, to float64 rounding."""
     ids = torch.randint(1, VOCAB, (2, 12))
     with torch.no_grad():
         full = model(ids).logits

@@ -14,8 +14,8 @@ from rove.reference import reference_attention  # noqa: E402
 from test_hf_convert import (  # noqa: E402
     ARCHS,
     VOCAB,
+    assert_cached_decoding_is_full_forward,
     assert_layers_are,
-    cache_kwarg,
     tiny_model,
 )
 
@@ -61,16 +61,7 @@ def test_fraction_0_is_the_stock_model_and_1_is_rove(arch):
 
 
 def test_cached_decoding_at_a_fraction_equals_the_full_forward():
-    model = rove.hf.convert(tiny_model("llama"), fraction=0.5)
-    ids = torch.randint(1, VOCAB, (2, 12))
-    with torch.no_grad():
-        full = model(ids).logits
-        cache = transformers.DynamicCache()
-        steps = [model(ids[:, :6], **{cache_kwarg(): cache}, use_cache=True).logits]
-        for t in range(6, 12):
-            out = model(ids[:, t : t + 1], **{cache_kwarg(): cache}, use_cache=True)
-            steps.append(out.logits)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=1e-10)
+    assert_cached_decoding_is_full_forward(rove.hf.convert(tiny_model("llama"), fraction=0.5))
 
 
 def test_gradients_flow_at_a_fraction():
