@@ -10,7 +10,9 @@ function needs it, never by ``import rove``.
 - :func:`load_exported`: load any export with ``AutoModelForCausalLM``, no remote code;
 - :class:`HFCausalLM`: rove's model surface (loss, ``token_nll``, ``rope_scaling`` ...) over an
   HF causal LM, for rove's training loop and evaluations;
-- :func:`save_adapter` / :func:`load_adapter`: PEFT adapters whose base stays RoVE.
+- :func:`save_adapter` / :func:`load_adapter`: PEFT adapters whose base stays RoVE;
+- :func:`transfer`: convert a RoPE model to RoVE fitted to itself (values aligned with the slow
+  rotary pairs, output projections refit), far closer to its source than :func:`convert`.
 """
 
 from rove.hf.adapter import load_adapter, save_adapter
@@ -24,11 +26,14 @@ from rove.hf.conversion import (
 )
 from rove.hf.export import export_model, export_run, load_exported
 from rove.hf.pretrained import from_pretrained, register_auto_classes
+from rove.hf.transfer import TransferReport, align_values, transfer
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "HFCausalLM",
     "HFModelConfig",
+    "TransferReport",
+    "align_values",
     "convert",
     "current_fraction",
     "current_pos",
@@ -40,4 +45,5 @@ __all__ = [
     "register_auto_classes",
     "save_adapter",
     "set_fraction",
+    "transfer",
 ]
