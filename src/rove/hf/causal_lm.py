@@ -37,6 +37,7 @@ from rove.hf.conversion import (
     set_fraction,
 )
 from rove.hf.lora import LoraSpec, add_lora, merged
+from rove.hf.transfer import transfer
 from rove.rotary import (
     SCALING_KINDS,
     DynamicNTKParams,
@@ -262,6 +263,7 @@ class HFCausalLM(nn.Module):
         self.block_size = block_size
         self.model_type: str = model_type
         self.lora: LoraSpec | None = None  # set by add_lora: self.hf is then a PEFT model
+        self.transfer_report: dict[str, Any] | None = None  # set by transfer
         for _, _, module in _rotary_slots(hf_model):
             module.register_forward_pre_hook(_follow_length)
 
@@ -295,6 +297,14 @@ class HFCausalLM(nn.Module):
         for config in self.hf.peft_config.values():
             config.base_model_name_or_path = base
         return save_peft_adapter(self.hf, folder)
+
+    def transfer(self, windows: torch.Tensor) -> dict[str, Any]:
+        """Convert this RoPE model to RoVE fitted to itself on the token ``windows``
+        ``(N, T)`` (:func:`rove.hf.transfer`); what it did, also kept as ``transfer_report``."""
+        if self.lora is not None:
+            raise ValueError("transfer the model before adding its LoRA adapter")
+        self.transfer_report = transfer(self.hf, windows).to_dict()
+        return self.transfer_report
 
     @property
     def rove_fraction(self) -> float:

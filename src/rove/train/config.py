@@ -437,8 +437,8 @@ class TrainConfig:
         if self.conversion is not None:
             _choice("conversion", self.conversion, CONVERSIONS)
         _positive_int("ramp_steps", self.ramp_steps, optional=True)
-        if self.ramp_steps is not None and self.conversion == "hard":
-            raise ValueError("ramp_steps goes with conversion 'smooth', not 'hard'")
+        if self.ramp_steps is not None and self.conversion in ("hard", "transfer"):
+            raise ValueError(f"ramp_steps goes with conversion 'smooth', not {self.conversion!r}")
         if (
             self.ramp_steps is not None
             and self.max_steps is not None
@@ -674,6 +674,11 @@ def _resolve_conversion(values: dict, source: SourceModel) -> None:
         return
     if values["conversion"] is None:
         values["conversion"] = "smooth"
+    if values["conversion"] == "transfer" and source.kind != "hf":
+        raise ValueError(
+            f"init_from {source.path}: conversion 'transfer' fits a Hugging Face model to its "
+            "source (rove.hf.transfer); a rove run converts with 'smooth' or 'hard'"
+        )
     if values["conversion"] == "smooth" and values["ramp_steps"] is None:
         values["ramp_steps"] = max(1, values["max_steps"] // 10)
 

@@ -37,6 +37,7 @@ from rove.data import (
     default_data_dir,
     get_tokenizer,
     load_manifest,
+    load_split_tokens,
     prepare_dataset,
 )
 from rove.data.prepare import DEFAULT_VAL_FRACTION, MANIFEST_NAME
@@ -60,7 +61,13 @@ from rove.train.distributed import (
     wrap_ddp,
 )
 from rove.train.metrics import peak_bf16_flops
-from rove.train.source import build_source_model, read_source, source_missing, source_name
+from rove.train.source import (
+    TRANSFER_TOKENS,
+    build_source_model,
+    read_source,
+    source_missing,
+    source_name,
+)
 
 if TYPE_CHECKING:
     from rove.hf.causal_lm import HFCausalLM, HFModelConfig
@@ -368,6 +375,9 @@ def build_run(
             scaling=cfg.scaling,
             scaling_factor=cfg.scaling_factor,
             lora=cfg.lora_spec(),
+            calibration=_calibration(data.dir, cfg.seq_len)
+            if cfg.conversion == "transfer"
+            else None,
         )
     loader = TokenLoader(
         data.dir,
@@ -400,6 +410,18 @@ def build_run(
         peak_flops=peak_bf16_flops(info.device) if amp is not None else None,
         started=started,
     )
+
+
+def _calibration(data_dir: Path, seq_len: int) -> torch.Tensor:
+    """The transfer conversion's calibration windows ``(N, seq_len)``: ``TRANSFER_TOKENS`` of
+    the training split in whole windows, spread evenly over it (training tokens, read before
+    step 0; the recipe records how many)."""
+    tokens = load_split_tokens(data_dir, "train")
+    count = max(1, min(TRANSFER_TOKENS // seq_len, len(tokens) // seq_len))
+    if len(tokens) < seq_len:
+        raise ValueError(f"{data_dir}: the training split is shorter than one window of {seq_len}")
+    starts = np.linspace(0, len(tokens) - seq_len, count).astype(np.int64)
+    return torch.from_numpy(np.stack([tokens[s : s + seq_len] for s in starts]).astype(np.int64))
 
 
 def _check_resume_data(ckpt: Checkpoint, data: RunData) -> None:
@@ -449,6 +471,15 @@ def _source_identity(run: Run) -> dict | None:
     return recorded.get("source")
 
 
+def _transfer_report(run: Run) -> dict | None:
+    """What a transfer conversion did (:func:`rove.hf.transfer`): from the model that made it,
+    or for a resumed run (whose model comes from its checkpoint) as the recipe recorded it."""
+    if run.cfg.conversion != "transfer":
+        return None
+    made = getattr(run.raw, "transfer_report", None)
+    return made if made is not None else (_recorded_recipe(run.dir) or {}).get("transfer")
+
+
 def write_recipe(run: Run) -> None:
     """Rank 0 writes ``recipe.json``: what the run is, for compare, eval and ``--config``."""
     barrier(run.info)  # every rank has checked the run directory before rank 0 writes to it
@@ -464,6 +495,7 @@ def write_recipe(run: Run) -> None:
                 "data_dir": run.data.identity["dir"],
                 "data": run.data.identity,
                 "source": _source_identity(run),
+                "transfer": _transfer_report(run),
                 "world_size": run.info.world_size,
                 "grad_accum": run.grad_accum,
             },

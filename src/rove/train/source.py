@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONVERSIONS",
+    "TRANSFER_TOKENS",
     "SourceModel",
     "build_source_model",
     "read_source",
@@ -49,9 +50,14 @@ __all__ = [
 ]
 
 SourceKind = Literal["checkpoint", "hf"]
-# how a finetune converts a RoPE source to RoVE: "smooth" ramps RoVE's V/O rotations from 0 to
-# all of their angles (the model starts as its source's function), "hard" switches at step 0
-CONVERSIONS: tuple[str, ...] = ("smooth", "hard")
+# how a finetune converts a RoPE source to RoVE: "transfer" fits the RoVE model to its source
+# before step 0 (rove.hf.transfer: values aligned with the slow rotary pairs, output
+# projections refit; Hugging Face sources), "smooth" ramps RoVE's V/O rotations from 0 to all of
+# their angles (the model starts as its source's function), "hard" switches at step 0
+CONVERSIONS: tuple[str, ...] = ("transfer", "smooth", "hard")
+# calibration tokens the transfer reads from the training split (whole windows of the run's
+# context, at least one): what it was measured with (benchmarks/bench_retrofit.py)
+TRANSFER_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -222,6 +228,7 @@ def build_source_model(
     scaling: str | None = None,
     scaling_factor: float | None = None,
     lora: LoraSpec | None = None,
+    calibration: torch.Tensor | None = None,
     device: torch.device | str = "cpu",
 ) -> GPT | HFCausalLM:
     """The source's weights in a model under ``pos`` with training context ``block_size`` and,
@@ -232,7 +239,9 @@ def build_source_model(
     ``pos`` converts it (same parameters, V/O rotated). A ``block_size`` shorter than the
     source's context keeps the source's: the model was trained that far, and a later
     inference-time scaling counts from there. ``lora`` (a Hugging Face source only) wraps the
-    model in a LoRA adapter that trains instead of its weights.
+    model in a LoRA adapter that trains instead of its weights. ``calibration`` (token windows,
+    a RoPE Hugging Face source continued as RoVE) converts by :func:`rove.hf.transfer` instead
+    of the plain switch; its report is the model's ``transfer_report``.
     """
     block_size = max(block_size, source.context)
     scaled = None
@@ -247,7 +256,9 @@ def build_source_model(
         try:
             with no_progress_bars():
                 model: GPT | HFCausalLM = HFCausalLM.from_folder(
-                    source.path, pos=arm, block_size=block_size
+                    source.path,
+                    pos="rope" if calibration is not None else arm,
+                    block_size=block_size,
                 )
         except SafetensorError as err:  # a truncated or damaged weights file
             raise ValueError(f"init_from {source.path}: cannot read its weights ({err})") from None
@@ -263,6 +274,13 @@ def build_source_model(
         restore_model(model, ckpt)
     if scaled is not None and not isinstance(model, GPT):  # a Hugging Face model: its config
         model.set_scaling(scaled)
+    if calibration is not None:
+        if isinstance(model, GPT) or pos != "rove" or source.pos != "rope":
+            raise ValueError(
+                f"init_from {source.path}: the transfer conversion turns a RoPE Hugging Face "
+                "model into RoVE; use --conversion smooth or hard"
+            )
+        model.transfer(calibration)
     if lora is not None:
         if isinstance(model, GPT):
             raise ValueError(f"init_from {source.path}: LoRA adapts Hugging Face models only")
