@@ -20,8 +20,15 @@ import rove.hf  # noqa: E402
 from rove.hf.conversion import MODEL_TYPE, REMOTE_FILE  # noqa: E402
 from test_hf_convert import VOCAB, tiny_model  # noqa: E402
 
-# (architecture, rope type): GQA, per-head q/k norms, packed per-head QKV with partial rotary
-SAVED = [("llama", "yarn"), ("qwen3", "default"), ("gpt_neox", "default"), ("phi3", "default")]
+# (architecture, rope type): GQA, per-head q/k norms, packed per-head QKV with partial rotary,
+# a table per layer type
+SAVED = [
+    ("llama", "yarn"),
+    ("qwen3", "default"),
+    ("gpt_neox", "default"),
+    ("phi3", "default"),
+    ("gemma3_text", "linear"),  # two rotary tables, sliding layers
+]
 
 FRESH_PROCESS = textwrap.dedent(
     """
