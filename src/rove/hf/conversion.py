@@ -224,7 +224,8 @@ class _SharedTables:
             and isinstance(out, tuple)
             and len(out) == 2
         ):
-            self.sources.put(*out, (position_ids, inv_freq))
+            # a copy: longrope / dynamic updates change the buffer in place at a later call
+            self.sources.put(*out, (position_ids, inv_freq.detach().clone()))
 
     def __call__(self, cos: torch.Tensor, sin: torch.Tensor) -> Tables | None:
         a = self.fraction
