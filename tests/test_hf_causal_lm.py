@@ -138,7 +138,9 @@ def test_config_round_trips_through_json_and_names_bad_fields():
         HFModelConfig.from_dict([])  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("arch", "tied"), [("llama", True), ("gpt_neox", False)])
+@pytest.mark.parametrize(
+    ("arch", "tied"), [("llama", True), ("gpt_neox", False), ("gemma3_text", True)]
+)
 def test_from_config_and_rove_checkpoints_restore_the_model(tmp_path, arch, tied):
     lm = wrapped(arch, "rove", torch.float32, tie_word_embeddings=tied)
     head, embed = lm.hf.get_output_embeddings().weight, lm.hf.get_input_embeddings().weight
