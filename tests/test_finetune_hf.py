@@ -205,9 +205,7 @@ def test_the_readme_command_runs_as_written(llama, llama_data):
         )
 
 
-def test_the_transfer_conversion_starts_closer_and_resumes_bit_for_bit(
-    llama, llama_data, tmp_path
-):
+def test_the_transfer_conversion_starts_closer_and_resumes_bit_for_bit(llama, llama_data, tmp_path):
     """--conversion transfer: fitted before step 0 on training tokens (recorded), closer to the
     source than the plain switch, plain RoVE from step 0, and a resume that replays the run
     without fitting again."""
@@ -251,3 +249,28 @@ def test_the_transfer_conversion_starts_closer_and_resumes_bit_for_bit(
 def test_the_transfer_conversion_is_refused_where_it_does_not_apply(llama, llama_data, tmp_path):
     with pytest.raises(ValueError, match="ramp_steps goes with conversion 'smooth'"):
         finetune(llama, llama_data, tmp_path, pos="rove", conversion="transfer", ramp_steps=2)
+
+
+def test_a_gemma3_folder_is_a_source_and_the_vision_language_one_is_refused(tmp_path):
+    """A gemma3_text folder continues like any supported model (its arms: the stock model and
+    its conversion); a gemma3 (vision-language) folder is refused from config.json, naming it
+    and the text model rove converts."""
+    import rove.hf
+    from test_hf_convert import VOCAB, gemma3_kwargs, tiny_model
+
+    tiny_model("gemma3_text", "linear", dtype=torch.float32).save_pretrained(tmp_path / "g3")
+    converted = rove.hf.convert(tiny_model("gemma3_text", "linear", dtype=torch.float32))
+    source = read_source(tmp_path / "g3")
+    assert (source.kind, source.pos, source.model_config["model_type"]) == (
+        "hf",
+        "rope",
+        "gemma3_text",
+    )
+    idx = torch.randint(0, VOCAB, (2, 20))
+    with torch.no_grad():
+        arm = build_source_model(source, pos="rove", block_size=64).eval()
+        torch.testing.assert_close(arm(idx), converted(idx).logits, rtol=0, atol=0)
+    text = dict(gemma3_kwargs("default", 4), vocab_size=VOCAB, hidden_size=32)
+    transformers.Gemma3Config(text_config=text).save_pretrained(tmp_path / "vl")
+    with pytest.raises(ValueError, match=r"vl: model_type 'gemma3' cannot .* converts gemma3_text"):
+        read_source(tmp_path / "vl")

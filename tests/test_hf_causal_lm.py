@@ -45,7 +45,7 @@ def ids(batch: int = 2, seq: int = 12, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("pos", POS)
-@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "qwen2", "granite"])
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "qwen2", "granite", "gemma3_text"])
 def test_forward_and_token_nll_are_the_hf_models(arch, pos):
     lm = wrapped(arch, pos)
     if arch == "granite":  # the one supported head that is not a plain linear map
@@ -138,7 +138,9 @@ def test_config_round_trips_through_json_and_names_bad_fields():
         HFModelConfig.from_dict([])  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("arch", "tied"), [("llama", True), ("gpt_neox", False)])
+@pytest.mark.parametrize(
+    ("arch", "tied"), [("llama", True), ("gpt_neox", False), ("gemma3_text", True)]
+)
 def test_from_config_and_rove_checkpoints_restore_the_model(tmp_path, arch, tied):
     lm = wrapped(arch, "rove", torch.float32, tie_word_embeddings=tied)
     head, embed = lm.hf.get_output_embeddings().weight, lm.hf.get_input_embeddings().weight
@@ -298,6 +300,25 @@ def test_dynamic_ntk_follows_each_forwards_length():
         first = lm(x)
         lm(ids(1, 5 * BLOCK))
         assert torch.equal(lm(x), first)
+
+
+def test_scaling_a_model_with_a_table_per_layer_type_is_refused():
+    """Gemma 3's sliding and global tables are not one table a scaled module replaces: refused,
+    in training (set_scaling, trained_scaling) as at inference (rope_scaling)."""
+    from rove.hf.causal_lm import trained_scaling
+    from rove.rotary import Scaling
+
+    lm = HFCausalLM(tiny_model("gemma3_text", "linear"), BLOCK)
+    with (
+        pytest.raises(ValueError, match="a rotary table per layer type"),
+        lm.rope_scaling("yarn", 4),
+    ):
+        pass
+    with pytest.raises(ValueError, match="a rotary table per layer type"):
+        lm.set_scaling(Scaling("linear", {"factor": 2.0}))
+    if TRANSFORMERS_5:  # transformers 4 keeps one flat rope_scaling beside rope_local_base_freq
+        with pytest.raises(ValueError, match=r"rope parameters per layer type \(.*full_attention"):
+            trained_scaling(lm.hf.config.to_dict())
 
 
 def test_rope_scaling_refuses_another_kind_on_a_model_already_scaled():

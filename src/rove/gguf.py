@@ -13,6 +13,13 @@ they take any Hugging Face model.
   ``rove finetune m.gguf`` continues: every arm, resume and export reads its source again, and
   a folder is read in seconds where a GGUF is dequantised in a minute.
 
+Every entry (:func:`load_gguf_model`, :func:`load_gguf_tokenizer`, :func:`gguf_folder`, and
+through them ``rove.hf.from_pretrained`` and ``rove finetune``'s :func:`rove.train.source.read_source`)
+first passes :func:`check_gguf`: the file's header alone (no tensor is read) must describe a
+whole GGUF file of an architecture :func:`rove.hf.convert` supports. Dequantising takes a minute
+for a small model and many for a large one, and a file refused after that, or failing inside
+numpy on a truncated download, wastes the minutes and names nothing the user knows.
+
 Needs the ``gguf`` package (rove's ``gguf`` extra).
 """
 
@@ -21,13 +28,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rove._extras import needs_extra
 
-__all__ = ["GGUF_SUFFIX", "gguf_folder", "is_gguf", "load_gguf_model", "load_gguf_tokenizer"]
+__all__ = [
+    "GGUF_SUFFIX",
+    "GGUFHeader",
+    "check_gguf",
+    "gguf_folder",
+    "is_gguf",
+    "load_gguf_model",
+    "load_gguf_tokenizer",
+    "read_gguf_header",
+]
 
 GGUF_SUFFIX = ".gguf"
 _MAGIC = b"GGUF"  # the first four bytes of every GGUF file
@@ -42,16 +61,166 @@ def is_gguf(path: str | Path) -> bool:
     return path.suffix.lower() == GGUF_SUFFIX and not path.is_dir()
 
 
-def _checked(path: str | Path) -> Path:
-    """``path`` resolved, after checking it is a readable GGUF file and ``gguf`` is installed."""
-    path = Path(path).expanduser().resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such GGUF file")
+# llama.cpp's architecture names that transformers loads as another model type (the rest are
+# the same; a "llama" named Mistral loads as mistral, which rove converts like llama)
+_MODEL_TYPES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
+_ALIGNMENT_KEY = "general.alignment"
+_DEFAULT_ALIGNMENT = 32
+# GGUF metadata value types: fixed sizes (struct codes by type number), 8 a string, 9 an array
+_SCALARS = dict(zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIif?Qqd", strict=True))
+_STRING, _ARRAY = 8, 9
+_VERSIONS = (2, 3)  # v1 (2023) counted in 32 bits; transformers' reader refuses it too
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """What a GGUF file's header says, read without its tensors."""
+
+    architecture: str  # general.architecture, llama.cpp's name ("llama", "gemma3", ...)
+    n_tensors: int
+    data_end: int  # the byte where the last tensor's data ends: the file is at least this long
+
+    @property
+    def model_type(self) -> str:
+        """The transformers model type its architecture loads as."""
+        return _MODEL_TYPES.get(self.architecture, self.architecture)
+
+
+class _Truncated(Exception):
+    """The header ends past the end of the file."""
+
+
+class _Cursor:
+    """Reads a GGUF header's fields in order from a buffer, refusing to read past its end."""
+
+    def __init__(self, data: Any, endian: str) -> None:
+        self.data, self.endian, self.at = data, endian, 0
+
+    def take(self, code: str) -> Any:
+        size = struct.calcsize(code)
+        if self.at + size > len(self.data):
+            raise _Truncated
+        (value,) = struct.unpack_from(self.endian + code, self.data, self.at)
+        self.at += size
+        return value
+
+    def string(self) -> str:
+        n = self.take("Q")
+        if self.at + n > len(self.data):
+            raise _Truncated
+        raw = bytes(self.data[self.at : self.at + n])
+        self.at += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, kind: int) -> Any:
+        """One metadata value; an array's items are skipped (None), none is needed here."""
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, n = self.take("I"), self.take("Q")
+            if item in _SCALARS:  # fixed size: skipped at once
+                self.at += n * struct.calcsize(_SCALARS[item])
+                if self.at > len(self.data):
+                    raise _Truncated
+            else:
+                for _ in range(n):
+                    self.value(item)
+            return None
+        if kind not in _SCALARS:
+            raise ValueError(f"unknown metadata value type {kind}")
+        return self.take(_SCALARS[kind])
+
+
+def _tensor_end(cursor: _Cursor) -> int:
+    """Read one entry of the tensor table: where its data end, from the data section's start."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    name, n_dims = cursor.string(), cursor.take("I")
+    shape = [cursor.take("Q") for _ in range(n_dims)]
+    kind, offset = cursor.take("I"), cursor.take("Q")
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (KeyError, ValueError):
+        raise ValueError(f"tensor {name} has unknown type {kind}") from None
+    elements = 1
+    for n in shape:
+        elements *= n
+    return offset + elements // block * size
+
+
+def _parse_header(cursor: _Cursor) -> GGUFHeader:
+    """The header from the cursor just past the magic: version, counts, metadata, tensor table."""
+    version = cursor.take("I")
+    if version not in _VERSIONS:
+        raise ValueError(f"GGUF version {version}, rove reads versions {_VERSIONS}")
+    n_tensors, n_kv = cursor.take("Q"), cursor.take("Q")
+    fields = {}
+    for _ in range(n_kv):
+        key = cursor.string()
+        fields[key] = cursor.value(cursor.take("I"))
+    end = max((_tensor_end(cursor) for _ in range(n_tensors)), default=0)
+    alignment = fields.get(_ALIGNMENT_KEY) or _DEFAULT_ALIGNMENT
+    start = -(-cursor.at // alignment) * alignment  # the data section starts aligned
+    architecture = fields.get("general.architecture")
+    if not isinstance(architecture, str):
+        raise ValueError("no general.architecture in its metadata")
+    return GGUFHeader(architecture, n_tensors, start + end)
+
+
+def read_gguf_header(path: str | Path) -> GGUFHeader:
+    """The header of the GGUF file ``path`` (metadata and tensor table, no tensor data).
+
+    ``ValueError`` naming ``path`` for a file that is not a GGUF, or whose header is cut short
+    or damaged; whether the data are all there is :func:`check_gguf`'s to say.
+    """
+    path = Path(path)
     with path.open("rb") as f:
         if f.read(len(_MAGIC)) != _MAGIC:
             raise ValueError(f"{path} is not a GGUF file (it does not start with {_MAGIC!r})")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            # the version is small: read the other way round, the file is big-endian
+            big = len(data) >= 8 and struct.unpack_from("<I", data, 4)[0] & 0xFFFF == 0
+            cursor = _Cursor(data, ">" if big else "<")
+            cursor.at = len(_MAGIC)
+            try:
+                return _parse_header(cursor)
+            except _Truncated:
+                raise ValueError(
+                    f"{path} is a truncated GGUF file: its header runs past the file's "
+                    f"{len(data)} bytes"
+                ) from None
+            except (ValueError, OverflowError) as err:
+                raise ValueError(f"{path} is a damaged GGUF file ({err})") from None
+
+
+def check_gguf(path: str | Path) -> GGUFHeader:
+    """The header of ``path``, after checking, from it alone, that the file is whole and of an
+    architecture :func:`rove.hf.convert` supports; ``ValueError``, one line naming ``path``."""
+    from rove.hf.conversion import SUPPORTED_MODEL_TYPES, unsupported
+
+    header = read_gguf_header(path)
+    size = Path(path).stat().st_size
+    if size < header.data_end:
+        raise ValueError(
+            f"{path} is a truncated GGUF file: its {header.n_tensors} tensors end at byte "
+            f"{header.data_end}, the file has {size} bytes"
+        )
+    if header.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{path}: a GGUF of architecture {header.architecture!r}: "
+            + unsupported(header.model_type)
+        )
+    return header
+
+
+def _checked(path: str | Path) -> Path:
+    """``path`` resolved, after checking it is a whole GGUF file rove can convert
+    (:func:`check_gguf`) and ``gguf`` is installed."""
+    path = Path(path).expanduser().resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such GGUF file")
     with needs_extra("gguf", f"reading {path.name}"):
-        import gguf  # noqa: F401  # transformers reads GGUF files with it
+        check_gguf(path)
     return path
 
 

@@ -32,6 +32,7 @@ from rove.hf.conversion import (
     convert,
     current_fraction,
     current_pos,
+    has_table_per_layer_type,
     is_rotary_module,
     saved_files,
     set_fraction,
@@ -130,6 +131,20 @@ def _rotary_slots(model: nn.Module) -> list[tuple[nn.Module, str, Any]]:
     return slots
 
 
+def _one_table_slots(model: nn.Module) -> list[tuple[nn.Module, str, Any]]:
+    """The rotary slots of a model with one rotary table, which a frequency scaling rebuilds
+    from the model's config; ``ValueError`` for a table per layer type (Gemma 3's sliding and
+    global layers: one module per table in transformers 4, one module holding both in 5),
+    which one scaled module in each slot would not reproduce."""
+    slots = _rotary_slots(model)
+    if any(has_table_per_layer_type(m) for _, _, m in slots) or len(slots) > 1:
+        raise ValueError(
+            f"{type(model).__name__} has a rotary table per layer type: rove cannot scale its "
+            "frequencies (yet)"
+        )
+    return slots
+
+
 def _follow_length(module: nn.Module, _: tuple) -> None:
     """Forward pre-hook of a dynamic NTK rotary module: frequencies of this forward's own length.
 
@@ -177,6 +192,10 @@ def trained_scaling(hf_config: dict[str, Any]) -> Scaling | None:
     rove's ``Scaling`` (None: plain RoPE; a static NTK scaling is plain RoPE with a larger base
     to HF, so it reads as None). ``ValueError`` for a rope type rove has no equivalent of."""
     params = hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {}
+    if params and all(isinstance(v, dict) for v in params.values()):
+        raise ValueError(
+            f"rope parameters per layer type ({', '.join(params)}): rove cannot scale them further"
+        )
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return None
@@ -380,7 +399,10 @@ class HFCausalLM(nn.Module):
         large vocabulary never holds ``(B, T, V)`` logits.
         """
         hf = self.hf.get_base_model() if hasattr(self.hf, "get_base_model") else self.hf  # PEFT
-        h = hf.base_model(input_ids=_checked(idx), use_cache=False).last_hidden_state
+        # transformers 4's Gemma 3 names a base model prefix its causal LM lacks: base_model is
+        # then the causal LM itself, its decoder is .model
+        base = hf.model if hf.base_model is hf else hf.base_model
+        h = base(input_ids=_checked(idx), use_cache=False).last_hidden_state
         head = hf.get_output_embeddings()
         scale = getattr(self.hf.config, "logits_scaling", 1.0)  # Granite divides its logits
         out = torch.empty(targets.shape, dtype=torch.float32, device=h.device)
@@ -464,9 +486,9 @@ class HFCausalLM(nn.Module):
         if kind is None or factor <= 1:
             yield
             return
+        slots = _one_table_slots(self.hf)
         trained = trained_scaling(_stock_dict(self.hf.config))
         scaling = scaling_on_top(trained, kind, float(factor), self.block_size)
-        slots = _rotary_slots(self.hf)
         scaled = [_scaled_rotary(m, scaling) for _, _, m in slots]
         try:
             for (parent, name, _), new in zip(slots, scaled, strict=True):
@@ -480,7 +502,7 @@ class HFCausalLM(nn.Module):
         """Make the frequency ``scaling`` part of the model (``rove finetune --scaling``): it is
         written into the HF config, so a save reloads with it natively and :attr:`config`
         carries it to a checkpoint, and the rotary modules are rebuilt from that config."""
-        slots = _rotary_slots(self.hf)
+        slots = _one_table_slots(self.hf)
         if any(module.config is not self.hf.config for _, _, module in slots):
             raise ValueError("a rotary module has a config of its own: rove cannot scale it")
         _apply_scaling(self.hf.config, scaling, 2 * slots[0][2].inv_freq.numel())

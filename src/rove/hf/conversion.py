@@ -21,9 +21,16 @@ renormalised to ``cos^2 + sin^2 = 1`` before use on values and outputs.
 
 The smooth conversion (``fraction`` a, :func:`set_fraction`) rotates V and O by a fraction of
 their angles, ``R(a theta p)``: the cosine of a fraction of an angle cannot be read off the
-model's (cos, sin), so a forward hook on the model's rotary embedding module keeps the
-``position_ids`` and frequencies of its last output, and the V/O tables at 0 < a < 1 are built
-from them (float64 angles). a = 1 is the path above unchanged, a = 0 skips V and O.
+model's (cos, sin), so a forward hook on the model's rotary embedding module(s) keeps the
+``position_ids`` and frequencies behind each (cos, sin) it made, and the V/O tables at 0 < a < 1
+are built from those of the tables the layer received (float64 angles). a = 1 is the path above
+unchanged, a = 0 skips V and O.
+
+A model may have more than one rotary table per forward: Gemma 3's sliding-window layers turn
+with base 10k, its global layers with base 1M (and maybe a linear scaling), one rotary module
+per table in transformers 4, one module called once per layer type in transformers 5. Each
+layer rotates V and O by the table it was given, so everything here is keyed on the identity
+of the (cos, sin) tensors a layer receives, never on "the model's" table.
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ _LAYOUTS: dict[str, _Layout] = {
             "qwen3_moe",
             "olmo2",
             "gemma",
+            "gemma3_text",  # sliding and global layers, each with its own rotary table
             "granite",
             "starcoder2",
             "stablelm",
@@ -99,6 +107,8 @@ _LAYOUTS: dict[str, _Layout] = {
     "gpt_neox": _Layout(value="query_key_value", output="dense", packing="per_head"),
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_LAYOUTS))
+# model types refused with a pointer to the one rove converts instead
+_INSTEAD = {"gemma3": "gemma3_text, Gemma 3's text model (the vision-language gemma3 is not)"}
 
 _STATE_ATTR = "_rove_hf_state"
 # the smooth conversion's a, kept on the model's config (where the RoVE mark is, so a save can
@@ -106,27 +116,78 @@ _STATE_ATTR = "_rove_hf_state"
 FRACTION_ATTR = "_rove_fraction"
 
 
-def is_rotary_module(module: nn.Module) -> bool:
-    """An HF rotary embedding module: it turns ``position_ids`` into ``position_embeddings``."""
-    return isinstance(getattr(module, "inv_freq", None), torch.Tensor) and hasattr(
-        module, "rope_type"
+def unsupported(model_type: object) -> str:
+    """Why ``model_type`` is not converted, and what is: the tail of every refusal."""
+    instead = f"; rove converts {_INSTEAD[model_type]}" if model_type in _INSTEAD else ""
+    return (
+        f"model_type {model_type!r} cannot be converted to RoVE{instead}; "
+        f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
     )
 
 
-class _SharedTables:
-    """The V/O tables of the last ``position_embeddings`` seen, shared by a model's layers.
+def is_rotary_module(module: nn.Module) -> bool:
+    """An HF rotary embedding module: it turns ``position_ids`` into ``position_embeddings``,
+    one table (``inv_freq``), or one per layer type (transformers 5's Gemma 3: a ``rope_type``
+    dict and a ``<layer type>_inv_freq`` buffer for each)."""
+    rope_type = getattr(module, "rope_type", None)
+    if isinstance(rope_type, dict):
+        return bool(rope_type) and all(
+            isinstance(getattr(module, f"{kind}_inv_freq", None), torch.Tensor)
+            for kind in rope_type
+        )
+    return rope_type is not None and isinstance(getattr(module, "inv_freq", None), torch.Tensor)
 
-    Every layer of one forward receives the same (cos, sin) tensors, so the tables are made
-    once per forward, not once per layer (keyed on tensor identity and the fraction; the key is
-    held alive). None at fraction 0: V and O are not rotated.
+
+def has_table_per_layer_type(module: nn.Module) -> bool:
+    """A rotary module called once per layer type (transformers 5's Gemma 3), whose frequencies
+    are ``<layer type>_inv_freq``, not ``inv_freq``."""
+    return isinstance(getattr(module, "rope_type", None), dict)
+
+
+def _call_frequencies(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The frequencies a rotary module's call used: its ``inv_freq``, or that of the layer type
+    it was called for (``forward(x, position_ids, layer_type)``)."""
+    layer_type = args[2] if len(args) > 2 else kwargs.get("layer_type")
+    return getattr(module, "inv_freq" if layer_type is None else f"{layer_type}_inv_freq", None)
+
+
+class _ByTables:
+    """A few values, each keyed on the identity of one (cos, sin) pair, newest first.
+
+    A model may compute several tables per forward (Gemma 3: one per layer type), and its
+    layers alternate between them, so one remembered key would be replaced at every switch and
+    the fraction tables would read another table's frequencies. The keys are held alive, so an
+    id is never reused while its entry is here; ``size`` bounds what is held after a forward.
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self.entries: list[tuple[torch.Tensor, torch.Tensor, Any]] = []
+
+    def get(self, cos: torch.Tensor, sin: torch.Tensor) -> Any:
+        return next((v for c, s, v in self.entries if c is cos and s is sin), None)
+
+    def put(self, cos: torch.Tensor, sin: torch.Tensor, value: Any) -> None:
+        rest = [e for e in self.entries if not (e[0] is cos and e[1] is sin)]
+        self.entries = [(cos, sin, value), *rest][: self.size]
+
+    def clear(self) -> None:
+        self.entries = []
+
+
+class _SharedTables:
+    """The V/O tables of the ``position_embeddings`` seen, shared by a model's layers.
+
+    The layers of one forward that receive the same (cos, sin) tensors share their V/O tables,
+    made once per forward and table, not once per layer (keyed on tensor identity, see
+    :class:`_ByTables`, and the fraction). None at fraction 0: V and O are not rotated.
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.config = cast(Any, model).config
-        self.key: tuple[torch.Tensor, torch.Tensor, float] | None = None
-        self.tables: Tables | None = None
-        # (cos, sin, position_ids, inv_freq) of the rotary module's last forward
-        self.source: tuple[torch.Tensor, ...] | None = None
+        self.tables = _ByTables()  # (cos, sin) -> (fraction, V/O tables)
+        # (cos, sin) -> (position_ids, inv_freq) they were made from, by the rotary modules
+        self.sources = _ByTables()
         # weak: a rotary module swapped out (and dropped) takes its hook with it
         self.rotaries: weakref.WeakKeyDictionary[nn.Module, RemovableHandle] = (
             weakref.WeakKeyDictionary()
@@ -146,36 +207,46 @@ class _SharedTables:
         for handle in [self.handle, *self.rotaries.values()]:
             handle.remove()
         self.rotaries.clear()
+        self.tables.clear()
+        self.sources.clear()
 
     @property
     def fraction(self) -> float:
         return float(getattr(self.config, FRACTION_ATTR, 1.0))
 
     def record(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], out: Any) -> None:
-        """Forward hook of a rotary module: what its (cos, sin) were made from."""
+        """Forward hook of a rotary module: what this (cos, sin) was made from."""
         position_ids = args[1] if len(args) > 1 else kwargs.get("position_ids")
-        if isinstance(position_ids, torch.Tensor) and isinstance(out, tuple) and len(out) == 2:
-            self.source = (*out, position_ids, cast(Any, module).inv_freq)
+        inv_freq = _call_frequencies(module, args, kwargs)
+        if (
+            isinstance(position_ids, torch.Tensor)
+            and isinstance(inv_freq, torch.Tensor)
+            and isinstance(out, tuple)
+            and len(out) == 2
+        ):
+            # a copy: longrope / dynamic updates change the buffer in place at a later call
+            self.sources.put(*out, (position_ids, inv_freq.detach().clone()))
 
     def __call__(self, cos: torch.Tensor, sin: torch.Tensor) -> Tables | None:
         a = self.fraction
         if a == 0:
             return None
-        if self.key is None or self.key[0] is not cos or self.key[1] is not sin or self.key[2] != a:
-            tables = (
-                _orthonormal_half_tables(cos, sin) if a == 1 else self.fraction_tables(cos, sin, a)
-            )
-            self.key, self.tables = (cos, sin, a), tables
-        return self.tables
+        cached = self.tables.get(cos, sin)
+        if cached is not None and cached[0] == a:
+            return cached[1]
+        tables = _orthonormal_half_tables(cos, sin) if a == 1 else self.fraction_tables(cos, sin, a)
+        self.tables.put(cos, sin, (a, tables))
+        return tables
 
     def fraction_tables(self, cos: torch.Tensor, sin: torch.Tensor, a: float) -> Tables:
         """``R(a theta p)`` from the positions and frequencies ``cos`` and ``sin`` were made of."""
-        if self.source is None or self.source[0] is not cos or self.source[1] is not sin:
+        source = self.sources.get(cos, sin)
+        if source is None:
             raise RuntimeError(
                 "RoVE at a fraction of its angles needs the position_ids behind the attention's "
                 "position_embeddings: call the whole model, whose rotary embedding module rove hooks"
             )
-        position_ids, inv_freq = self.source[2], self.source[3]
+        position_ids, inv_freq = source
         angles = position_ids.to(torch.float64)[..., None] * inv_freq.to(torch.float64) * a
         dtype = table_dtype(cos.dtype)
         c, s = angles.cos().to(dtype), angles.sin().to(dtype)  # (B, T, r/2)
@@ -368,10 +439,7 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in _LAYOUTS:
-        raise ValueError(
-            f"rove.hf.convert does not support model_type {model_type!r}; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+        raise ValueError(f"rove.hf.convert: {unsupported(model_type)}")
     layout = _LAYOUTS[model_type]
     modules = _attention_modules(model, layout)
     if not modules:

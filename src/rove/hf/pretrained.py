@@ -38,11 +38,13 @@ from typing import Any
 # RoveConfig and RoveForCausalLM are imported here from older saved folders' modeling_rove.py
 from rove.hf.conversion import (
     MODEL_TYPE,
+    SUPPORTED_MODEL_TYPES,
     HFPos,
     RoveConfig,
     RoveForCausalLM,
     convert,
     save_model,
+    unsupported,
 )
 
 __all__ = [
@@ -69,10 +71,12 @@ def from_pretrained(path: str | Path, pos: HFPos | None = None, **kwargs: Any) -
 
     A folder saved after ``convert(model, "rove")`` loads as RoVE, a rove export as what it
     is (:func:`rove.hf.load_exported`), a ``.gguf`` file dequantised as a plain model that
-    ``save_pretrained`` writes (:mod:`rove.gguf`), any other model as saved; ``pos``
+    ``save_pretrained`` writes (:mod:`rove.gguf`; refused first, from its header alone, when
+    truncated or of an architecture rove cannot convert), any other model as saved; ``pos``
     converts the loaded model (``"rove"``: a RoPE checkpoint as RoVE; ``"rope"``: a RoVE one
     back). ``kwargs`` go to ``from_pretrained`` (``dtype``, ``device_map``,
-    ``attn_implementation`` ...).
+    ``attn_implementation`` ...). A ``pos`` for a model type :func:`convert` does not know is
+    refused from ``config.json``, before any weight is read.
     """
     from transformers import AutoModelForCausalLM, PretrainedConfig
 
@@ -92,5 +96,7 @@ def from_pretrained(path: str | Path, pos: HFPos | None = None, **kwargs: Any) -
     if model_type == MODEL_TYPE:
         model = RoveForCausalLM.from_pretrained(path, **kwargs)
     else:
+        if pos is not None and model_type not in SUPPORTED_MODEL_TYPES:  # before any weight
+            raise ValueError(f"{path}: {unsupported(model_type)}")
         model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, **kwargs)
     return model if pos is None else convert(model, pos)

@@ -693,7 +693,7 @@ def check_source_tokenizer(cfg: ResolvedTrainConfig) -> None:
     if source.kind == "hf":
         if not (source.path / "tokenizer.json").is_file():
             raise ValueError(
-                f"init_from {source.path} has no tokenizer.json: rove cannot check that the "
+                f"init_from {source.named} has no tokenizer.json: rove cannot check that the "
                 "data are tokenized as the model expects"
             )
         expected = get_tokenizer(f"{HF_PREFIX}{source.path.resolve()}").identity()

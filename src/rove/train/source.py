@@ -72,6 +72,13 @@ class SourceModel:
     train_config: dict | None  # the source run's resolved TrainConfig (checkpoints only)
     tokenizer: dict | None  # the tokenizer identity it was trained with (checkpoints only)
     step: int | None  # the source checkpoint's step (checkpoints only)
+    # the file the user named, where ``path`` is rove's cache of it (a GGUF's folder)
+    origin: Path | None = None
+
+    @property
+    def named(self) -> Path:
+        """The path errors name: the user's, not a cache folder they never saw."""
+        return self.origin or self.path
 
     @property
     def block_size(self) -> int | None:
@@ -115,8 +122,8 @@ def read_source(path: str | Path) -> SourceModel:
     root = Path(path).expanduser()
     if not root.exists():
         raise FileNotFoundError(f"init_from {root}: no such file or folder")
-    if is_gguf(root):  # dequantised once into a cached Hugging Face folder
-        return _hf_source(gguf_folder(root), name=root.stem)
+    if is_gguf(root):  # checked from its header, then dequantised once into a cached folder
+        return _hf_source(gguf_folder(root), name=root.stem, origin=root)
     if (root / "config.json").is_file() and not (root / META_FILE).is_file():
         return _hf_source(root)
     try:
@@ -145,24 +152,24 @@ def read_source(path: str | Path) -> SourceModel:
     )
 
 
-def _hf_source(folder: Path, name: str | None = None) -> SourceModel:
+def _hf_source(folder: Path, name: str | None = None, origin: Path | None = None) -> SourceModel:
     """A Hugging Face model folder, checked to be one :func:`rove.hf.convert` can switch;
-    ``name`` (default: the folder's) names the runs continuing it."""
-    from rove.hf.conversion import MODEL_TYPE, STATE_KEY, SUPPORTED_MODEL_TYPES
+    ``name`` (default: the folder's) names the runs continuing it, ``origin`` (a GGUF file
+    ``folder`` caches) is what its errors name."""
+    from rove.hf.conversion import MODEL_TYPE, STATE_KEY, SUPPORTED_MODEL_TYPES, unsupported
+
+    shown = origin or folder
 
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise ValueError(f"init_from {folder}: cannot read config.json ({err})") from None
+        raise ValueError(f"init_from {shown}: cannot read config.json ({err})") from None
     model_type, pos = config.get("model_type"), "rope"
     if model_type == MODEL_TYPE:  # saved after rove.hf.convert: its stock type and RoVE state
         state = config.get(STATE_KEY) or {}
         model_type, pos = state.get("model_type"), state.get("pos", "rove")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"init_from {folder}: model type {model_type!r} cannot be converted to RoVE; "
-            f"rove.hf.convert supports {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
-        )
+        raise ValueError(f"init_from {shown}: {unsupported(model_type)}")
     return SourceModel(
         kind="hf",
         path=folder,
@@ -172,6 +179,7 @@ def _hf_source(folder: Path, name: str | None = None) -> SourceModel:
         train_config=None,
         tokenizer=None,
         step=None,
+        origin=origin,
     )
 
 
@@ -208,16 +216,17 @@ def source_scaling(source: SourceModel, kind: str, factor: float) -> Scaling:
     when the two do not combine into one."""
     config = source.model_config
     hf_config = config if source.kind == "hf" else config.get("hf_config")
-    if hf_config is not None:
-        from rove.hf.causal_lm import trained_scaling
-
-        trained = trained_scaling(hf_config)
-    else:
-        trained = Scaling.from_dict(config["rope_scaling"]) if config.get("rope_scaling") else None
     try:
+        if hf_config is not None:
+            from rove.hf.causal_lm import trained_scaling
+
+            trained = trained_scaling(hf_config)
+        else:
+            rope_scaling = config.get("rope_scaling")
+            trained = Scaling.from_dict(rope_scaling) if rope_scaling else None
         return scaling_on_top(trained, kind, factor, source.context)
     except ValueError as err:
-        raise ValueError(f"init_from {source.path}: {err}") from None
+        raise ValueError(f"init_from {source.named}: {err}") from None
 
 
 def build_source_model(
@@ -261,7 +270,7 @@ def build_source_model(
                     block_size=block_size,
                 )
         except SafetensorError as err:  # a truncated or damaged weights file
-            raise ValueError(f"init_from {source.path}: cannot read its weights ({err})") from None
+            raise ValueError(f"init_from {source.named}: cannot read its weights ({err})") from None
     else:
         from rove.checkpoint import load_checkpoint, restore_model
         from rove.hf.any_model import model_from_config
