@@ -18,10 +18,11 @@ import torch
 pytest.importorskip("transformers")
 
 import rove.hf
-from rove.hf.transfer import _slow_first
+from rove.hf.transfer import _pair_frequencies, _slow_first
 from test_hf_convert import VOCAB, tiny_model
 
-SEPARATE = ("llama", "qwen2", "stablelm")  # GQA; qwen2 has a value bias, stablelm partial rotary
+# GQA; qwen2 has a value bias, stablelm partial rotary, gemma3_text two rotary tables
+SEPARATE = ("llama", "qwen2", "stablelm", "gemma3_text")
 
 
 def windows(n: int = 4, length: int = 48, seed: int = 1) -> torch.Tensor:
@@ -50,7 +51,8 @@ def test_alignment_keeps_the_rope_function(arch):
     report = rove.hf.align_values(model, windows())
     torch.testing.assert_close(logits(model, ids), before, atol=1e-10, rtol=1e-10)
     assert rove.hf.current_pos(model) == "rope"
-    assert report.tokens == 4 * 48 and len(report.fast_energy) == 2
+    assert report.tokens == 4 * 48
+    assert len(report.fast_energy) == model.config.num_hidden_layers
 
 
 @pytest.mark.parametrize("arch", SEPARATE)
@@ -64,9 +66,8 @@ def test_alignment_sorts_value_coordinates_from_slow_to_fast(arch):
     seen = attention_outputs(model)
     logits(model, calib)
     config = model.config
-    n_q, n_kv, d = config.num_attention_heads, config.num_key_value_heads, 8
-    inv_freq = next(m for m in model.modules() if rove.hf.conversion.is_rotary_module(m)).inv_freq
-    order = _slow_first(d, inv_freq)
+    n_q, n_kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    order = _slow_first(d, _pair_frequencies(model))
     for layer, outputs in zip(model.model.layers, seen, strict=True):
         o = torch.cat(outputs).reshape(-1, n_q, d)
         w_o = layer.self_attn.o_proj.weight.view(-1, n_q, d)
@@ -81,8 +82,9 @@ def test_alignment_sorts_value_coordinates_from_slow_to_fast(arch):
             assert torch.all(along[:-1] >= along[1:] * (1 - 1e-9)), along
 
 
-def test_transfer_ends_plain_rove_and_closer_to_its_source():
-    source = tiny_model("llama")
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_transfer_ends_plain_rove_and_closer_to_its_source(arch):
+    source = tiny_model(arch)
     hard = rove.hf.convert(copy.deepcopy(source), "rove")
     fitted = copy.deepcopy(source)
     report = rove.hf.transfer(fitted, windows(8))

@@ -241,9 +241,7 @@ def _record(
     """One forward of the RoPE source over ``windows``: every layer's record, the rotary
     frequencies and the number of tokens read."""
     layout, modules = _check_model(model)
-    rotary = next((m for m in model.modules() if is_rotary_module(m)), None)
-    if rotary is None:
-        raise ValueError("rove.hf.transfer: found no rotary embedding module in the model")
+    inv_freq = _pair_frequencies(model)
     config = cast(Any, model).config
     n_kv = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
     records = [_LayerRecord(m, getattr(m, layout.output), n_kv, _head_dim(m)) for m in modules]
@@ -259,7 +257,30 @@ def _record(
             record.remove()
     if tokens == 0:
         raise ValueError("rove.hf.transfer: no calibration windows")
-    return records, cast(torch.Tensor, rotary.inv_freq).detach().cpu(), tokens
+    return records, inv_freq, tokens
+
+
+def _pair_frequencies(model: nn.Module) -> torch.Tensor:
+    """The rotary frequencies that order each head's channels from slow to fast. A model with
+    several tables (Gemma 3: sliding and global layers) is aligned once for all of them, so
+    their pairs must rank alike (true of every base-and-scaling table, whose frequency falls
+    with the pair index)."""
+    tables = [
+        cast(torch.Tensor, table).detach().cpu()
+        for module in model.modules()
+        if is_rotary_module(module)
+        for name, table in module.named_buffers(recurse=False)
+        if name == "inv_freq" or name.endswith("_inv_freq")
+    ]
+    if not tables:
+        raise ValueError("rove.hf.transfer: found no rotary embedding module in the model")
+    orders = {tuple(torch.argsort(t.double()).tolist()) for t in tables}
+    if len(orders) > 1:
+        raise ValueError(
+            "rove.hf.transfer: the model's rotary tables rank their pairs differently, so no "
+            "one channel order is slow-to-fast for all of them"
+        )
+    return tables[0]
 
 
 def _align(
