@@ -51,7 +51,13 @@ from rove.hf.conversion import (
     is_rotary_module,
 )
 
-__all__ = ["TransferReport", "align_values", "transfer"]
+__all__ = ["TRANSFER_MODEL_TYPES", "TransferReport", "align_values", "transfer"]
+
+# the architectures whose values and outputs are projections of their own (nn.Linear), which
+# the alignment changes per KV head; fused ones (Phi-3's qkv_proj, GPT-NeoX) convert plainly
+TRANSFER_MODEL_TYPES: tuple[str, ...] = tuple(
+    sorted(t for t, layout in _LAYOUTS.items() if layout.packing == "separate")
+)
 
 
 @dataclass
@@ -219,14 +225,13 @@ def _check_model(model: nn.Module) -> tuple[Any, list[nn.Module]]:
             "rove.hf.transfer: the model is already RoVE; transfer starts from its RoPE source "
             "(whose activations it fits)"
         )
-    layout = _LAYOUTS.get(cast(str, model_type))
-    if layout is None or layout.packing != "separate":
-        separate = sorted(t for t, lay in _LAYOUTS.items() if lay.packing == "separate")
+    if model_type not in TRANSFER_MODEL_TYPES:
         raise ValueError(
             f"rove.hf.transfer: model_type {model_type!r} is not supported (it needs separate "
-            f"value and output projections: {', '.join(separate)}); convert it with "
-            "rove.hf.convert instead"
+            f"value and output projections: {', '.join(TRANSFER_MODEL_TYPES)}); convert it "
+            "with rove.hf.convert instead"
         )
+    layout = _LAYOUTS[model_type]
     modules = _attention_modules(model, layout)
     for module in modules:
         for name in (layout.value, layout.output):
@@ -266,7 +271,7 @@ def _pair_frequencies(model: nn.Module) -> torch.Tensor:
     their pairs must rank alike (true of every base-and-scaling table, whose frequency falls
     with the pair index)."""
     tables = [
-        cast(torch.Tensor, table).detach().cpu()
+        table.detach().cpu()
         for module in model.modules()
         if is_rotary_module(module)
         for name, table in module.named_buffers(recurse=False)
