@@ -212,6 +212,20 @@ def test_finetune_intro_and_the_rest_of_the_report(tmp_path) -> None:
     assert md.index("(recovery.png)") < md.index("## Out-of-distribution")
 
 
+def test_a_transfer_comparison_says_what_the_conversion_read(tmp_path) -> None:
+    res = finetune_results()
+    arms = [r for r in res["runs"] if r["label"] == "rove"]
+    for r, seconds in zip(arms, (41, 44, 43), strict=True):
+        r["conversion"], r["transfer"] = "transfer", {"tokens": 8192, "seconds": seconds}
+    md = write_report(res, tmp_path).read_text()
+    assert (
+        "rove continues the same weights fitted to the input model before step 0 "
+        "(rove.hf.transfer: values aligned with the slow rotary pairs, output projections "
+        "refit, from its activations on 8,192 training tokens, 41-44 s), exact RoVE from step 0"
+        in md
+    )
+
+
 def test_a_lora_comparison_says_what_trained(tmp_path) -> None:
     res = finetune_results()
     for r in res["runs"]:

@@ -236,8 +236,9 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
         "seed": seed,
         "run_dir": str(run_dir),
         "fingerprint": run_fingerprint(stored),
-        "conversion": stored.get("conversion"),  # a finetune's: smooth | hard | None
+        "conversion": stored.get("conversion"),  # a finetune's: transfer | smooth | hard | None
         "ramp_steps": stored.get("ramp_steps"),
+        "transfer": recipe.get("transfer"),  # what a transfer conversion read and cost
         # a LoRA finetune's adapter as its model config holds it: {rank, alpha, targets}
         "lora": recipe.get("model", {}).get("lora"),
         "train": summary,

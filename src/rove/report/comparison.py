@@ -541,10 +541,23 @@ def _converted(runs: list[dict], baseline: str) -> list[str]:
 
 
 def _how_converted(runs: list[dict], baseline: str) -> str:
-    """How the converted arms became what they are: at step 0 (hard), or smoothly (V/O at a
-    fraction of RoVE's angles ramped from 0, the input model's function, to 1)."""
-    ramps = [r.get("ramp_steps") for r in runs if r.get("label") != baseline]
-    if all(r.get("conversion") != "smooth" for r in runs if r.get("label") != baseline):
+    """How the converted arms became what they are: at step 0 (hard), fitted to the input model
+    before step 0 (transfer), or smoothly (V/O at a fraction of RoVE's angles ramped from 0, the
+    input model's function, to 1)."""
+    arms = [r for r in runs if r.get("label") != baseline]
+    ramps = [r.get("ramp_steps") for r in arms]
+    fitted = [
+        r["transfer"] for r in arms if r.get("conversion") == "transfer" and r.get("transfer")
+    ]
+    if fitted and len(fitted) == len(arms):
+        tokens = _span([f["tokens"] for f in fitted])
+        seconds = _span([round(f["seconds"]) for f in fitted])
+        return (
+            f"fitted to the input model before step 0 (rove.hf.transfer: values aligned with the "
+            f"slow rotary pairs, output projections refit, from its activations on {tokens} "
+            f"training tokens, {seconds} s), exact RoVE from step 0"
+        )
+    if all(r.get("conversion") != "smooth" for r in arms):
         return "converted at step 0"
     return (
         f"converted smoothly (V/O rotations ramped from none of RoVE's angles, the input "
