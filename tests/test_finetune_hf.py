@@ -249,6 +249,8 @@ def test_the_transfer_conversion_starts_closer_and_resumes_bit_for_bit(llama, ll
 def test_the_transfer_conversion_is_refused_where_it_does_not_apply(llama, llama_data, tmp_path):
     with pytest.raises(ValueError, match="ramp_steps goes with conversion 'smooth'"):
         finetune(llama, llama_data, tmp_path, pos="rove", conversion="transfer", ramp_steps=2)
+    with pytest.raises(ValueError, match="lora_rank with conversion 'transfer'"):
+        finetune(llama, llama_data, tmp_path, pos="rove", conversion="transfer", lora_rank=4)
 
 
 def test_a_gemma3_folder_is_a_source_and_the_vision_language_one_is_refused(tmp_path):

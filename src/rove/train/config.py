@@ -431,6 +431,12 @@ class TrainConfig:
                 "model, which would load without the scaling; finetune the whole model to "
                 "train a scaling into it"
             )
+        if self.lora_spec() is not None and self.conversion == "transfer":
+            raise ValueError(
+                "lora_rank with conversion 'transfer': a LoRA adapter is saved against its "
+                "source model, which would load without the weights the transfer fitted; use "
+                "conversion 'smooth' or 'hard', or finetune the whole model"
+            )
 
     def _check_conversion(self) -> None:
         """A finetune's conversion: smooth or hard, and a ramp (smooth only) within the run."""
