@@ -40,4 +40,4 @@ export HF_MODULES_CACHE="$WORK/modules"
 # run by the floor (pytest from DEV_PYTHON's site-packages)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_hf_export.py tests/test_generate.py \
     tests/test_hf_causal_lm.py tests/test_finetune_hf.py tests/test_finetune_scaling.py \
-    tests/test_hf_fraction.py tests/test_finetune_lora.py tests/test_hf_peft.py
+    tests/test_hf_fraction.py tests/test_finetune_lora.py tests/test_hf_peft.py tests/test_hf_transfer.py
