@@ -217,3 +217,25 @@ def test_a_folder_without_adapter_weights_is_named(tmp_path):
         weights.unlink()
     with pytest.raises(ValueError, match=r"a: no adapter weights \(adapter_model\.safetensors"):
         load_adapter(tmp_path / "a", base=tiny_model("llama"))
+
+
+def test_lora_convert_merge_and_fraction_leave_a_twin_model_alone():
+    """Twin models share one config object under transformers 5 (``from_config(cfg)`` keeps
+    it): a LoRA, a conversion of the PEFT model, a fraction and a merge of one twin change
+    nothing of the other."""
+    import transformers
+
+    from rove.hf.lora import LoraSpec, add_lora, merged
+
+    a = tiny_model("llama", dtype=torch.float32)
+    b = transformers.AutoModelForCausalLM.from_config(a.config).eval()
+    stock, before = type(b.config), b.config.to_dict()
+    x = ids()
+    want = logits(b, x)
+    wrapped = rove.hf.convert(add_lora(a, LoraSpec(2, 4.0)))
+    rove.hf.set_fraction(wrapped, 0.5)
+    flat = merged(wrapped)
+    rove.hf.set_fraction(flat, 1)
+    assert rove.hf.current_fraction(wrapped) == 0.5  # the merged copy has its own config
+    assert type(b.config) is stock and b.config.to_dict() == before
+    assert rove.hf.current_pos(b) == "rope" and torch.equal(logits(b, x), want)

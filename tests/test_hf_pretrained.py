@@ -270,3 +270,35 @@ def test_a_converted_models_save_is_atomic_and_cleans_up_after_a_killed_one(tmp_
     model.save_pretrained(tmp_path / "m")
     assert not list(tmp_path.glob(".m.*"))  # the killed save's folder and the lock are gone
     assert (tmp_path / "m" / "notes.txt").read_text() == "mine"
+
+
+def test_converting_one_of_twin_models_leaves_the_other_rope(tmp_path):
+    """Seen: transformers 5's ``from_config(cfg)`` keeps ``cfg`` itself, and ``convert``
+    re-classed that shared object, so the unconverted twin saved (and reloaded) as RoVE."""
+    a = tiny_model("llama", dtype=torch.float32)
+    cfg = a.config
+    torch.manual_seed(1)
+    b = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    config_class = type(b.config)
+    x = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = b(input_ids=x).logits
+    rove.hf.convert(a, "rove")
+    rove.hf.set_fraction(a, 0.5)
+    assert type(b.config) is config_class and type(cfg) is config_class
+    assert not hasattr(b.config, "_rove_fraction")
+    assert all(  # the converted model's parts read its own config, never the old one
+        getattr(m, "config", a.config) is a.config for m in a.modules()
+    )
+    assert rove.hf.current_pos(b) == "rope"
+    b.save_pretrained(tmp_path / "b")
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["model_type"] == "llama"
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    again = rove.hf.from_pretrained(tmp_path / "b")
+    assert rove.hf.current_pos(again) == "rope"
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=x).logits, want)

@@ -28,6 +28,7 @@ from them (float64 angles). a = 1 is the path above unchanged, a = 0 skips V and
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import re
@@ -356,6 +357,10 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
     RoPE at 0 to exactly RoVE at 1 (see :func:`set_fraction`): a RoPE model converted at 0 and
     ramped to 1 while it trains never leaves the function it computes.
 
+    ``model`` gets a config object of its own (its parts read the new one): a model that
+    shared the old one (transformers 5's ``from_config`` keeps the object it is given) stays
+    as it was.
+
     Returns ``model`` (for chaining).
     """
     if pos not in ("rope", "rove"):
@@ -377,6 +382,9 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
     if not modules:
         raise ValueError(f"found no {model_type} attention module in {type(model).__name__}")
     states = [getattr(m, _STATE_ATTR) for m in modules if hasattr(m, _STATE_ATTR)]
+    config = _own_config(model)
+    if states:
+        states[0].shared.config = config
     if pos == "rope":
         for module in modules:
             if hasattr(module, _STATE_ATTR):
@@ -397,6 +405,23 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
     if pos == "rove":
         set_fraction(model, fraction)
     return model
+
+
+def _own_config(model: nn.Module) -> Any:
+    """Give ``model`` a copy of its config, read by every part of it that read the old one.
+
+    Why: ``convert`` marks the config (its class, the fraction), and a config object is not
+    the model's alone: transformers 5's ``from_config(cfg)`` keeps ``cfg`` itself, so twin
+    models built from one config share it, and marking it would make the unconverted twin
+    save (and reload) as RoVE.
+    """
+    old = cast(Any, model).config
+    new = copy.deepcopy(old)
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if value is old:
+                setattr(module, name, new)
+    return new
 
 
 # How a converted model persists (:mod:`rove.hf.pretrained`): ``convert`` marks the config, and

@@ -72,7 +72,9 @@ class LoraSpec:
 def add_lora(model: nn.Module, spec: LoraSpec) -> Any:
     """``model`` (a transformers model, converted or not) wrapped in a PEFT LoRA of ``spec``:
     its own weights frozen, the adapter's ``B`` zero, so the function is unchanged until it
-    trains. RoVE's hooks follow the LoRA layers (:mod:`rove.hf.adapter`)."""
+    trains. RoVE's hooks follow the LoRA layers (:mod:`rove.hf.adapter`). PEFT puts its
+    layers into ``model`` itself (``model`` is the wrapper's base, not a copy); its config is
+    left as it is, so a twin model sharing that config object is untouched."""
     with needs_extra("lora", "LoRA (rove finetune --lora)"):
         import peft
 
