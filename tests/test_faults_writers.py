@@ -263,7 +263,11 @@ def test_a_corrupt_metrics_line_before_the_last_is_named(tmp_path: Path) -> None
 def test_the_next_run_removes_what_killed_writes_left(
     data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Before: ``.latest.tmp-*`` and the like stayed forever."""
+    """Before: ``.latest.tmp-*`` and the like stayed forever. A folder named like a killed
+    checkpoint's temp folder but without the mark a checkpoint save writes first is not
+    rove's: kept."""
+    from rove.atomic import mark_temp_folder
+
     run = interrupted_run(data_dir, tmp_path, monkeypatch)
     left = [
         run / f".{run_files.METRICS}.tmp-0123456789abcdef",
@@ -273,10 +277,14 @@ def test_the_next_run_removes_what_killed_writes_left(
     for path in left[:2]:
         path.write_text("{")
     left[2].mkdir()
+    mark_temp_folder(left[2], "checkpoint")
     (left[2] / "model.safetensors").write_bytes(b"\0" * 10)
     mine = run / ".notes.tmp-by-hand"  # not a name rove writes: left alone
     mine.write_text("keep")
+    unmarked = run / "checkpoints" / ".tmp-step_000005-0123456789abcdef"  # no mark: kept
+    unmarked.mkdir()
+    (unmarked / "notes.txt").write_text("keep")
     train(nano(data_dir, tmp_path), progress=False, resume=True)
     assert not any(p.exists() for p in left)
-    assert mine.read_text() == "keep"
+    assert mine.read_text() == "keep" and (unmarked / "notes.txt").read_text() == "keep"
     assert json.loads((run / run_files.SUMMARY).read_text())["steps"] == 8

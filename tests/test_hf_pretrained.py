@@ -17,6 +17,7 @@ from fresh_process import run_python
 transformers = pytest.importorskip("transformers")
 
 import rove.hf  # noqa: E402
+from rove.atomic import SAVE_MANIFEST  # noqa: E402
 from rove.hf.conversion import MODEL_TYPE, REMOTE_FILE  # noqa: E402
 from test_hf_convert import VOCAB, tiny_model  # noqa: E402
 
@@ -143,8 +144,8 @@ def test_converted_back_to_rope_saves_a_stock_folder(tmp_path):
     model = rove.hf.convert(rove.hf.convert(tiny_model("llama", dtype=torch.float32)), "rope")
     model.save_pretrained(tmp_path / "back")
     assert sorted(p.name for p in (tmp_path / "back").iterdir()) == sorted(
-        p.name for p in (tmp_path / "stock").iterdir()
-    )
+        [SAVE_MANIFEST, *(p.name for p in (tmp_path / "stock").iterdir())]
+    )  # and the hidden record of what rove's save wrote
     assert (tmp_path / "back" / "config.json").read_text() == (
         tmp_path / "stock" / "config.json"
     ).read_text()
@@ -302,3 +303,28 @@ def test_converting_one_of_twin_models_leaves_the_other_rope(tmp_path):
     assert rove.hf.current_pos(again) == "rope"
     with torch.no_grad():
         assert torch.equal(again(input_ids=x).logits, want)
+
+
+def test_saving_the_model_after_its_tokenizer_keeps_the_tokenizer(tmp_path):
+    """Seen: ``tokenizer.save_pretrained(D)`` then ``converted.save_pretrained(D)`` (the usual
+    order) deleted tokenizer.json and tokenizer_config.json: the save took every tokenizer file
+    name for its own. Stock transformers keeps them, and so does every later save."""
+    from rove.data import get_tokenizer
+    from rove.hf.tokenizer import hf_tokenizer
+
+    tokenizer = hf_tokenizer(get_tokenizer("byte"))
+    model = rove.hf.convert(tiny_model("llama", dtype=torch.float32))
+    stock = tiny_model("llama", dtype=torch.float32)
+    for folder, saved in ((tmp_path / "ours", model), (tmp_path / "stock", stock)):
+        tokenizer.save_pretrained(folder)
+        written = {p.name: p.read_bytes() for p in folder.iterdir()}
+        assert {"tokenizer.json", "tokenizer_config.json"} <= set(written)
+        for _ in range(2):  # the first save into the folder, and a save over its own
+            saved.save_pretrained(folder)
+            assert {n: (folder / n).read_bytes() for n in written if (folder / n).exists()} == (
+                written
+            ), folder
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "ours")
+    assert loaded("ab")["input_ids"] == get_tokenizer("byte").encode("ab")
+    assert rove.hf.current_pos(rove.hf.from_pretrained(tmp_path / "ours")) == "rove"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours", "stock"]  # no lock, no temp

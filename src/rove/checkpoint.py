@@ -47,7 +47,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from rove import run_files
-from rove.atomic import fsync_dir, remove_temp_files, write_text_atomic
+from rove.atomic import (
+    fsync_dir,
+    is_temp_folder,
+    mark_temp_folder,
+    remove_temp_files,
+    write_text_atomic,
+)
 from rove.functional import conversion_fraction
 from rove.model import GPT, GPTConfig
 
@@ -234,6 +240,7 @@ def save_checkpoint(
     tmp = root / f".tmp-{name}-{secrets.token_hex(8)}"
     tmp.mkdir()  # exclusive: fails on anything planted under that unpredictable name
     try:
+        mark_temp_folder(tmp, "checkpoint")  # only marked leftovers are removed
         _write_checkpoint(tmp, step, model, optimizer, tokens, train_config, tokenizer, extra)
         final = root / name
         shutil.rmtree(final, ignore_errors=True)  # a complete folder from a crash before `latest`
@@ -313,14 +320,16 @@ def _write_checkpoint(
 
 
 def remove_partial_checkpoints(root: str | Path) -> list[Path]:
-    """Delete what killed checkpoint writes left in ``root``: ``.tmp-step_*`` folders and the
-    ``latest`` pointer's temp files. Only for a caller that owns the run folder (its lock)."""
+    """Delete what killed checkpoint writes left in ``root``: ``.tmp-step_*`` folders that
+    :func:`save_checkpoint` marked (a folder of that name without the mark is not rove's) and
+    the ``latest`` pointer's temp files. Only for a caller that owns the run folder (its
+    lock)."""
     root = Path(root)
     if not root.is_dir():
         return []
     removed = remove_temp_files(root)
     for path in root.iterdir():
-        if _PARTIAL.match(path.name) and path.is_dir() and not path.is_symlink():
+        if _PARTIAL.match(path.name) and is_temp_folder(path):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

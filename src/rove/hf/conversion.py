@@ -31,7 +31,6 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import re
 import shutil
 import weakref
 from dataclasses import dataclass
@@ -44,8 +43,7 @@ from torch.utils.hooks import RemovableHandle
 
 from rove.atomic import save_folder
 from rove.functional import check_fraction
-from rove.hf.model_card import is_rove_card, write_converted_card
-from rove.hf.tokenizer import TOKENIZER_FILES
+from rove.hf.model_card import write_converted_card
 from rove.kernels import rotate, unrotate_merge_heads
 from rove.rotary import table_dtype
 
@@ -431,12 +429,6 @@ def _own_config(model: nn.Module) -> Any:
 MODEL_TYPE = "rove"  # config.json's model_type of a saved converted model
 STATE_KEY = "rove"  # config.json's key holding the RoVE state and the base model_type
 REMOTE_FILE = Path(__file__).with_name("modeling_rove.py")
-# files a Hugging Face save (model and tokenizer) writes: save_pretrained replaces only these
-_HF_FILES = re.compile(
-    r"(config|generation_config)\.json|model(-\d+-of-\d+)?\.safetensors"
-    r"|model\.safetensors\.index\.json|modeling_rove\.py|"
-    + "|".join(map(re.escape, TOKENIZER_FILES))
-)
 AUTO_MAP = {
     "AutoConfig": "modeling_rove.RoveConfig",
     "AutoModelForCausalLM": "modeling_rove.RoveForCausalLM",
@@ -499,31 +491,19 @@ def __getattr__(name: str) -> type:
     return _rove_config_class(base)
 
 
+SAVED_KIND = "Hugging Face model"  # what rove.atomic.save_folder records a model save as
+
+
 def save_model(model: Any, folder: str | Path, **kwargs: Any) -> Path:
     """``save_pretrained`` of a Hugging Face ``model`` (``kwargs`` passed on), atomic: ``folder``
-    holds the earlier save or this one, never half. Other files in it (a README.md of the
-    user's) are kept, as transformers' save keeps them; other folders are refused.
+    holds the earlier save or this one, never half. The files an earlier model save recorded
+    there are replaced; every other file (a tokenizer saved first, a README.md of the user's)
+    is kept, as transformers' save keeps them; other folders are refused.
     :func:`rove.hf.convert` makes it the converted model's ``save_pretrained``."""
     stock = type(model).save_pretrained  # transformers' own (the instance's is this function)
     return save_folder(
-        folder,
-        lambda tmp: stock(model, tmp, **kwargs),
-        saved_files,
-        "Hugging Face model",
-        keep_other_files=True,
+        folder, lambda tmp: stock(model, tmp, **kwargs), SAVED_KIND, keep_other_files=True
     )
-
-
-def saved_files(folder: Path) -> set[str]:
-    """Names of the files in ``folder`` that a Hugging Face save writes, rove's model card
-    included (a user's README.md is not one)."""
-    if not folder.is_dir():
-        return set()
-    return {
-        p.name
-        for p in folder.iterdir()
-        if p.is_file() and (_HF_FILES.fullmatch(p.name) or is_rove_card(p))
-    }
 
 
 def mark_config(config: Any, pos: HFPos) -> None:
