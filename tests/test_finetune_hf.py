@@ -203,3 +203,39 @@ def test_the_readme_command_runs_as_written(llama, llama_data):
         assert (arm.conversion, arm.ramp_steps) == (
             ("smooth", 50) if pos == "rove" else (None, None)
         )
+
+
+def test_a_finetune_carries_its_tokenizer_and_outlives_its_source(llama_data, tmp_path, capsys):
+    """Seen: with its Hugging Face source moved, ``--resume`` failed with ``hf tokenizer: ...
+    is not a file``. The run copies the source's tokenizer files when it starts, so resume,
+    ``rove eval``'s tokenizer and ``rove export`` need nothing outside the run folder; a run
+    without the copy (started before runs carried one) names the source it needs back."""
+    import shutil
+
+    from rove.data import checkpoint_tokenizer
+    from rove.hf.export import export_run
+    from rove.hf.export import main as export_main
+    from rove.hf.tokenizer import TOKENIZER_FILES
+
+    source = tiny_llama_folder(tmp_path / "src" / "tiny-llama", 256)
+    carried = {n: (source / n).read_bytes() for n in TOKENIZER_FILES if (source / n).is_file()}
+    cfg = finetune(  # the tokenizer read from the source, as without --data-dir
+        source, llama_data, tmp_path, max_steps=3, checkpoint_interval=2, tokenizer=f"hf:{source}"
+    )
+    with preempted_at_batch(3):  # stopped in step 3: the checkpoint of step 2 is kept
+        train(cfg, progress=False)
+    run = tmp_path / "tiny-llama-rove-seed0"
+    copy = run / run_files.TOKENIZER
+    assert {n: (copy / n).read_bytes() for n in carried} == carried
+    shutil.rmtree(tmp_path / "src")
+    assert train(cfg, progress=False, resume=True) == run
+    assert json.loads((run / run_files.SUMMARY).read_text())["steps"] == 3
+    _, meta = load_any_model(run)
+    assert checkpoint_tokenizer(meta, "run").encode("ab") == get_tokenizer("byte").encode("ab")
+    out = export_run(run, tmp_path / "hf")
+    assert (out / "tokenizer.json").read_bytes() == carried["tokenizer.json"]
+    shutil.rmtree(copy)  # as a run started before runs carried their tokenizer
+    capsys.readouterr()
+    assert export_main([str(run), "--out", str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs its source back" in err and str(source) in err, err

@@ -71,6 +71,7 @@ from rove.train.setup import (
     Progress,
     Run,
     build_run,
+    carry_tokenizer,
     compile_and_wrap,
     configure_optimizer,
     prepare_run_data,
@@ -282,7 +283,10 @@ def _train(
         remove_leftovers(run_dir)
     ckpt = start_point(run_dir, cfg, resume)
     stop.checkpoint = ckpt.path if ckpt is not None else None
-    data = prepare_run_data(cfg, info, progress)
+    if info.is_main:
+        carry_tokenizer(run_dir, cfg.tokenizer)
+    barrier(info)  # every rank reads the run's copy
+    data = prepare_run_data(cfg, info, progress, run_dir)
     run = build_run(cfg, info, run_dir, data, grad_accum, ckpt, started)
     state = resume_state(run, ckpt) if ckpt is not None else Progress()
     del ckpt  # restored: free its copy of the weights and optimizer state before training

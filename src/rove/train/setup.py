@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import random
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,12 @@ import numpy as np
 import torch
 
 from rove import run_files
-from rove.atomic import remove_temp_files, write_json_atomic
+from rove.atomic import (
+    remove_temp_files,
+    remove_temp_folders,
+    replace_folder,
+    write_json_atomic,
+)
 from rove.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -38,8 +44,10 @@ from rove.data import (
     get_tokenizer,
     load_manifest,
     prepare_dataset,
+    run_tokenizer,
 )
 from rove.data.prepare import DEFAULT_VAL_FRACTION, MANIFEST_NAME
+from rove.data.tokenizers import HFTokenizer
 from rove.hf.any_model import model_from_config
 from rove.lock import LOCK_FILE, FolderLock, FolderLockedError, acquire
 from rove.model import GPT, GPTConfig
@@ -71,6 +79,7 @@ __all__ = [
     "Run",
     "RunData",
     "build_run",
+    "carry_tokenizer",
     "compile_and_wrap",
     "configure_optimizer",
     "prepare_run_data",
@@ -115,18 +124,22 @@ def _split_settings(cfg: ResolvedTrainConfig) -> dict:
     return {"max_tokens": cfg.data_max_tokens, "val_fraction": fraction}
 
 
-def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> tuple[Path, dict]:
+def _prepare_data(
+    cfg: ResolvedTrainConfig, info: DistInfo, progress: bool, run_dir: Path
+) -> tuple[Path, dict]:
     """(data folder, tokenizer identity); the data is prepared if it is not there yet.
 
     A given ``data_dir`` with a manifest is used as is. Under torchrun the data must exist
-    beforehand: preparing FineWeb-Edu takes far longer than a collective's timeout.
+    beforehand: preparing FineWeb-Edu takes far longer than a collective's timeout. The
+    tokenizer is the run's own copy where it has one (:func:`rove.data.run_tokenizer`).
     """
-    tok = get_tokenizer(cfg.tokenizer)
+    tokenizer = run_tokenizer(cfg.tokenizer, run_dir, f"run {run_dir}")
+    tok = get_tokenizer(tokenizer)
     explicit = cfg.data_dir is not None
     data_dir = (
         Path(cfg.data_dir)
         if cfg.data_dir is not None
-        else default_data_dir(cfg.data, cfg.tokenizer, **_split_settings(cfg))
+        else default_data_dir(cfg.data, tokenizer, **_split_settings(cfg))
     )
     prepared = (data_dir / MANIFEST_NAME).is_file()
     if info.distributed and not prepared:
@@ -144,7 +157,7 @@ def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> t
         prepare_dataset(
             cfg.data,
             data_dir,
-            cfg.tokenizer,
+            tokenizer,
             **_split_settings(cfg),
             workers=1
             if cfg.tokenizer == "byte"
@@ -298,12 +311,48 @@ def remove_leftovers(run_dir: Path) -> None:
     ]
     if removed:
         log.warning("removed what an interrupted run left: %s", ", ".join(map(str, removed)))
+    if run_dir.is_dir():
+        remove_temp_folders(run_dir, _TOKENIZER_TEMP)  # a killed carry_tokenizer's (marked)
+
+
+_TOKENIZER_TEMP = f".{run_files.TOKENIZER}.tmp-"
+
+
+def carry_tokenizer(run_dir: Path, tokenizer: str) -> None:
+    """Copy the files of the run's ``hf:`` tokenizer (``tokenizer.json``, its config, chat
+    template ...) into the run folder (``<run_dir>/tokenizer``), once: when the run starts, or
+    when a run started before runs did this resumes with its source still there.
+
+    Why: they are small, and they are all that resume, evaluation and export would otherwise
+    read from a Hugging Face or GGUF source, which is often moved or deleted once a finetune
+    has its own checkpoints. The copy is written whole or not at all.
+    """
+    from rove.hf.tokenizer import TOKENIZER_FILES
+
+    if (run_dir / run_files.TOKENIZER).exists():
+        return
+    name = run_tokenizer(tokenizer, run_dir, f"run {run_dir}")  # a gone source: named
+    tok = get_tokenizer(name)
+    if not isinstance(tok, HFTokenizer):
+        return
+    folder = tok.path.parent
+
+    def write(tmp: Path) -> None:
+        for file in TOKENIZER_FILES:
+            if (folder / file).is_file():
+                shutil.copyfile(folder / file, tmp / file)
+
+    replace_folder(
+        run_dir / run_files.TOKENIZER, write, set(), prefix=_TOKENIZER_TEMP, what="tokenizer"
+    )
 
 
 def remove_empty_run(run_dir: Path) -> None:
-    """Delete ``run_dir`` if it holds nothing but its lock file: a run this process started
-    that was refused (or stopped) before writing anything leaves no folder behind."""
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {LOCK_FILE}:
+    """Delete ``run_dir`` if it holds nothing but its lock file and the tokenizer it carries:
+    a run this process started that was refused (or stopped) before writing anything leaves
+    no folder behind."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {LOCK_FILE, run_files.TOKENIZER}:
+        shutil.rmtree(run_dir / run_files.TOKENIZER, ignore_errors=True)
         (run_dir / LOCK_FILE).unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # something appeared meanwhile: keep it
             run_dir.rmdir()
@@ -325,10 +374,12 @@ def start_point(run_dir: Path, cfg: TrainConfig, resume: bool) -> Checkpoint | N
     return None
 
 
-def prepare_run_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> RunData:
+def prepare_run_data(
+    cfg: ResolvedTrainConfig, info: DistInfo, progress: bool, run_dir: Path
+) -> RunData:
     """The run's data, prepared if need be. Its fixed val windows are built now, so a split
     too short for one fails before training, not at the first validation (maybe the last)."""
-    data_dir, tokenizer = _prepare_data(cfg, info, progress)
+    data_dir, tokenizer = _prepare_data(cfg, info, progress, run_dir)
     identity = data_identity(data_dir)
     TokenLoader(data_dir, "val", cfg.micro_batch, cfg.seq_len, world_size=info.world_size)
     return RunData(data_dir, identity, tokenizer)

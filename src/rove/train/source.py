@@ -86,9 +86,14 @@ class SourceModel:
 def source_name(path: str | Path) -> str:
     """A source's short name from its path alone (a finetune's run folder is named after it):
     a checkpoint folder's run, else the folder's own name; a resumed finetune names its run
-    folder by it even where the source is gone."""
+    folder by it even where the source is gone. A GGUF file's is its stem, as
+    :func:`read_source` names it (``--resume`` found no recipe under the file's full name)."""
+    from rove.gguf import is_gguf
+
     root = Path(path).expanduser().resolve()
-    return root.parent.parent.name if root.parent.name == run_files.CHECKPOINTS else root.name
+    if root.parent.name == run_files.CHECKPOINTS:
+        return root.parent.parent.name
+    return root.stem if is_gguf(root) else root.name
 
 
 def source_missing(path: str | Path | None) -> bool:
