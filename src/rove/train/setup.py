@@ -219,7 +219,7 @@ def replay_recipe(cfg: TrainConfig) -> TrainConfig:
     return TrainConfig.from_dict(values)
 
 
-def _resume_point(run_dir: Path, cfg: TrainConfig) -> Checkpoint | None:
+def _resume_point(run_dir: Path, cfg: TrainConfig, allow_dtype_change: bool) -> Checkpoint | None:
     """The checkpoint to resume from, checked against ``cfg`` before any data is prepared."""
     ckpt = resume_checkpoint(run_dir)
     if ckpt is None:
@@ -229,22 +229,50 @@ def _resume_point(run_dir: Path, cfg: TrainConfig) -> Checkpoint | None:
     if not isinstance(ckpt.meta.get("loader"), dict) or not ckpt.meta.get("rng"):
         raise CheckpointError(f"{ckpt.path}: not a training checkpoint (no loader/RNG state)")
     stored = legacy_precision(ckpt.meta["train_config"], cfg.dtype)
-    _check_resumable(stored, cfg.to_dict(), ckpt.path)
+    _check_resumable(stored, cfg.to_dict(), ckpt.path, allow_dtype_change)
     return ckpt
 
 
-def _check_resumable(stored: dict, current: dict, where: Path) -> None:
+def _check_resumable(
+    stored: dict, current: dict, where: Path, allow_dtype_change: bool = False
+) -> None:
+    allowed = (*RESUMABLE_CHANGES, "dtype") if allow_dtype_change else RESUMABLE_CHANGES
     changed = sorted(
         k
         for k in set(stored) | set(current)
-        if k not in RESUMABLE_CHANGES and stored.get(k) != current.get(k)
+        if k not in allowed and stored.get(k) != current.get(k)
     )
     if changed:
         details = ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in changed)
         raise ValueError(
             f"cannot resume {where}: the config differs in {details}; only "
             f"{', '.join(RESUMABLE_CHANGES)} may change on resume"
+            + (_DTYPE_HINT.format(**current) if "dtype" in changed else "")
         )
+
+
+# What a refused precision change says: how to make it, and why one would.
+_DTYPE_HINT = (
+    "; to continue the run in {dtype} (its optimizer state and schedule carry over, the "
+    "change is recorded in its recipe and metrics) add --allow-dtype-change "
+    "(allow_dtype_change=True). A bf16 run kept in bf16 on a CPU without native bf16 runs "
+    "emulated, about 3x (nano) to 11x (tiny) slower per step than fp32"
+)
+
+
+def _dtype_changes(run_dir: Path, cfg: ResolvedTrainConfig, ckpt: Checkpoint | None) -> tuple:
+    """The run's precision changes: those its recipe recorded before ``ckpt``'s step (a later
+    one did not survive), and this session's, where it resumes in another precision than
+    ``ckpt`` was taken in."""
+    if ckpt is None:
+        return ()
+    step = int(ckpt.meta["step"])
+    recorded = (_recorded_recipe(run_dir) or {}).get("dtype_changes") or []
+    changes = [c for c in recorded if isinstance(c, dict) and c.get("step", step) < step]
+    before = legacy_precision(ckpt.meta["train_config"], cfg.dtype)["dtype"]
+    if before != cfg.dtype:
+        changes.append({"step": step, "from": before, "to": cfg.dtype})
+    return tuple(changes)
 
 
 def _seed_everything(seed: int) -> None:
@@ -280,6 +308,8 @@ class Run:
     flops_per_token: float
     peak_flops: float | None  # None: MFU is not reported
     started: float  # perf_counter() when the call began: wall time and log lines count from it
+    # the precision changes of the run so far, {"step", "from", "to"} (--allow-dtype-change)
+    dtype_changes: tuple[dict, ...] = ()
 
     def cpu_twin(self) -> tuple[GPT | HFCausalLM, torch.optim.Optimizer]:
         """An unsharded CPU model and optimizer: FSDP state is gathered into it to be saved."""
@@ -358,14 +388,17 @@ def remove_empty_run(run_dir: Path) -> None:
             run_dir.rmdir()
 
 
-def start_point(run_dir: Path, cfg: TrainConfig, resume: bool) -> Checkpoint | None:
+def start_point(
+    run_dir: Path, cfg: TrainConfig, resume: bool, allow_dtype_change: bool = False
+) -> Checkpoint | None:
     """The checkpoint to resume from, or None to start at step 0.
 
     Checked before any data is prepared (hours at scale); without ``resume`` a run folder
-    that already holds a run is refused rather than overwritten.
+    that already holds a run is refused rather than overwritten. ``allow_dtype_change``: a
+    resume may continue in another precision than the checkpoint's.
     """
     if resume:
-        return _resume_point(run_dir, cfg)
+        return _resume_point(run_dir, cfg, allow_dtype_change)
     if (run_dir / run_files.CHECKPOINTS).exists() or (run_dir / run_files.METRICS).exists():
         raise FileExistsError(
             f"{run_dir} already holds a run; resume it (resume=True, --resume) or choose "
@@ -450,6 +483,7 @@ def build_run(
         flops_per_token=raw.flops_per_token(cfg.seq_len),
         peak_flops=peak_bf16_flops(info.device) if amp is not None else None,
         started=started,
+        dtype_changes=_dtype_changes(run_dir, cfg, ckpt),
     )
 
 
@@ -517,5 +551,6 @@ def write_recipe(run: Run) -> None:
                 "source": _source_identity(run),
                 "world_size": run.info.world_size,
                 "grad_accum": run.grad_accum,
+                **({"dtype_changes": list(run.dtype_changes)} if run.dtype_changes else {}),
             },
         )
