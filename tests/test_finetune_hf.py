@@ -239,3 +239,20 @@ def test_a_finetune_carries_its_tokenizer_and_outlives_its_source(llama_data, tm
     assert export_main([str(run), "--out", str(tmp_path / "again")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs its source back" in err and str(source) in err, err
+
+
+def test_exporting_an_hf_run_stopped_in_its_ramp_names_no_python_call(
+    llama, llama_data, tmp_path, capsys
+):
+    """Seen: ``rove export`` of a finetune stopped inside its smooth ramp told a command-line
+    user to call ``rove.hf.set_fraction(model, 1)``."""
+    from rove.hf.export import main as export_main
+
+    cfg = finetune(llama, llama_data, tmp_path, max_steps=4, ramp_steps=4, checkpoint_interval=2)
+    with preempted_at_batch(3):
+        train(cfg, progress=False)
+    capsys.readouterr()
+    run = tmp_path / "tiny-llama-rove-seed0"
+    assert export_main([str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "with --resume" in err and "rove.hf" not in err, err

@@ -69,6 +69,7 @@ __all__ = [
     "load_built_model",
     "load_checkpoint",
     "load_model",
+    "ramp_fraction",
     "remove_partial_checkpoints",
     "restore_rng",
     "resume_checkpoint",
@@ -546,6 +547,15 @@ def _gpt(config: dict) -> GPT:
     return GPT(GPTConfig.from_dict(config))
 
 
+def ramp_fraction(meta: dict) -> float:
+    """The smooth conversion's a at a checkpoint (``meta``): below 1 at a step inside the
+    ramp, where the model is neither RoPE nor RoVE; 1 after it, and for every other run."""
+    train = meta.get("train_config") or {}
+    if train.get("conversion") != "smooth" or not isinstance(meta.get("step"), int):
+        return 1.0
+    return conversion_fraction(meta["step"], int(train["ramp_steps"]))
+
+
 def load_built_model(
     path: str | Path, build: Callable[[dict], Model], device: str | torch.device = "cpu"
 ) -> tuple[Model, dict]:
@@ -560,10 +570,8 @@ def load_built_model(
         raise CheckpointError(f"{ckpt.path / META_FILE}: bad model_config ({err})") from None
     restore_model(model, ckpt)
     model.eval()
-    train = ckpt.meta.get("train_config") or {}
-    if train.get("conversion") == "smooth":  # taken mid-ramp: the model as it was trained
-        fraction = conversion_fraction(int(ckpt.meta["step"]), int(train["ramp_steps"]))
-        if fraction < 1:
-            cast(Any, model).set_rove_fraction(fraction)
+    fraction = ramp_fraction(ckpt.meta)
+    if fraction < 1:  # taken mid-ramp: the model as it was trained
+        cast(Any, model).set_rove_fraction(fraction)
     meta = {k: v for k, v in ckpt.meta.items() if k not in ("files", "rng", "loader")}
     return model, dict(meta, checkpoint=str(ckpt.path))

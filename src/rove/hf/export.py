@@ -240,7 +240,7 @@ def hf_model(model: GPT, *, remote_code: bool = False, max_positions: int | None
         raise ValueError(
             f"the model rotates V and O at a fraction {model.rove_fraction:g} of RoVE's angles "
             "(a checkpoint inside a smooth conversion's ramp): only plain RoVE is exported; "
-            "export the run's final checkpoint"
+            "continue its run past the end of the ramp and export a checkpoint from then"
         )
     scaled = cfg.rope_scaling is not None  # rove's modeling file computes it exactly
     if (
@@ -371,6 +371,7 @@ def export_run(
     from rove.hf.causal_lm import HFCausalLM
 
     model, meta = load_any_model(run_dir)
+    _check_past_ramp(meta)
     tokenizer = checkpoint_tokenizer(meta, f"checkpoint {run_dir}")
     facts = TrainingFacts.from_checkpoint(meta)
     if isinstance(model, HFCausalLM):
@@ -386,6 +387,23 @@ def export_run(
         max_positions=max_positions,
         facts=facts,
     )
+
+
+def _check_past_ramp(meta: dict) -> None:
+    """Refuse, in a command-line user's words, a checkpoint taken inside a smooth conversion's
+    ramp: neither RoPE nor RoVE, it has no exported form, and the run's latest checkpoint is
+    such a one when the run stopped in its ramp."""
+    from rove.checkpoint import ramp_fraction
+
+    fraction = ramp_fraction(meta)
+    if fraction < 1:
+        ramp = meta["train_config"]["ramp_steps"]
+        raise ValueError(
+            f"{meta['checkpoint']}: taken at step {meta['step']} of a {ramp}-step ramp (the "
+            f"smooth conversion; V and O at {fraction:.3g} of RoVE's angles), neither RoPE nor "
+            "RoVE: only plain RoVE is exported. Resume the run (the command that started it, "
+            f"with --resume) to the end of its ramp, step {ramp} or later, then export it"
+        )
 
 
 class _TokenizerFiles:

@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 
 from rove import run_files
-from rove.functional import ROTARY_POS, conversion_fraction
+from rove.functional import ROTARY_POS
 from rove.model import GPT
 from rove.rotary import Scaling, scaling_on_top
 
@@ -178,10 +178,9 @@ def _check_not_mid_ramp(meta: dict, where: Path) -> None:
     """A checkpoint taken inside a smooth conversion's ramp holds a model between RoPE and RoVE
     (V/O at a fraction of RoVE's angles), which neither arm of a new finetune continues: read
     as RoPE or RoVE, its function would jump."""
-    train = meta.get("train_config") or {}
-    if train.get("conversion") != "smooth" or not isinstance(meta.get("step"), int):
-        return
-    fraction = conversion_fraction(meta["step"], int(train["ramp_steps"]))
+    from rove.checkpoint import ramp_fraction
+
+    fraction, train = ramp_fraction(meta), meta.get("train_config") or {}
     if fraction < 1:
         raise ValueError(
             f"init_from {where}: a checkpoint inside its run's smooth conversion (step "
