@@ -142,6 +142,10 @@ def test_only_marked_leftovers_beside_a_save_are_removed(tmp_path):
     killed.mkdir()
     atomic.mark_temp_folder(killed, "thing")
     (killed / "half.bin").write_text("x")
+    unmarked_yet = tmp_path / ".model.tmp-b3f0r3m4rk"  # killed before its mark was whole
+    unmarked_yet.mkdir()
+    (unmarked_yet / f".{atomic.SAVE_MANIFEST}.tmp-0123456789abcdef").write_text('{"form')
+    (tmp_path / ".model.tmp-3mpty").mkdir()  # killed at once: nothing in it to lose
     atomic.save_folder(tmp_path / "model", lambda tmp: (tmp / "a").write_text("1"), "thing")
     assert (mine / "data.txt").read_text() == "keep" and not killed.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [".model.tmp-mine", "model"]

@@ -50,6 +50,7 @@ __all__ = [
     "mark_temp_folder",
     "recorded_files",
     "remove_temp_files",
+    "remove_temp_folder",
     "remove_temp_folders",
     "replace_folder",
     "save_folder",
@@ -212,8 +213,9 @@ def replace_folder(
         raise
     if old is not None:
         mark_temp_folder(old, what)  # at once: a kill now leaves a removable leftover
-        for name in owned | keep | {SAVE_MANIFEST}:  # an owned folder (a named adapter) whole
-            path = old / name
+        # the mark goes last, so that a kill in between leaves a marked leftover
+        for name in [*sorted((owned | keep) - {SAVE_MANIFEST}), SAVE_MANIFEST]:
+            path = old / name  # an owned folder (a named adapter) goes whole
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:
@@ -231,8 +233,18 @@ def mark_temp_folder(folder: Path, what: str) -> None:
 
 
 def is_temp_folder(folder: Path) -> bool:
-    """Whether ``folder`` (a leftover beside a save, by its name) carries a save's mark."""
-    return folder.is_dir() and not folder.is_symlink() and _manifest(folder) is not None
+    """Whether ``folder`` (a leftover beside a save, by its name) carries a save's mark, or
+    holds nothing but a mark being written (a save killed before its mark was complete:
+    removing it loses nothing)."""
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    if _manifest(folder) is not None:
+        return True
+    marker_temp = f".{SAVE_MANIFEST}.tmp-"  # atomic_open's temp file of the mark
+    return all(
+        p.name == SAVE_MANIFEST or (p.name.startswith(marker_temp) and _TEMP.match(p.name))
+        for p in folder.iterdir()
+    )
 
 
 def _record(folder: Path, what: str, files: set[str]) -> None:
@@ -338,7 +350,21 @@ def remove_temp_folders(parent: Path, prefix: str) -> None:
     its name). Only under the folder's lock: a live writer's temp folder looks the same."""
     for stale in parent.glob(f"{prefix}*"):
         if is_temp_folder(stale):
-            shutil.rmtree(stale)
+            remove_temp_folder(stale)
+
+
+def remove_temp_folder(folder: Path) -> None:
+    """Delete a marked temp folder, its mark last: a kill during the removal leaves a folder
+    that is still marked (and removed next time), never an unmarked half of one."""
+    for path in folder.iterdir():
+        if path.name == SAVE_MANIFEST:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    (folder / SAVE_MANIFEST).unlink(missing_ok=True)
+    folder.rmdir()
 
 
 def remove_temp_files(folder: str | Path) -> list[Path]:

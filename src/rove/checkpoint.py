@@ -52,6 +52,7 @@ from rove.atomic import (
     is_temp_folder,
     mark_temp_folder,
     remove_temp_files,
+    remove_temp_folder,
     write_text_atomic,
 )
 from rove.functional import conversion_fraction
@@ -331,7 +332,11 @@ def remove_partial_checkpoints(root: str | Path) -> list[Path]:
     removed = remove_temp_files(root)
     for path in root.iterdir():
         if _PARTIAL.match(path.name) and is_temp_folder(path):
-            shutil.rmtree(path, ignore_errors=True)
+            try:
+                remove_temp_folder(path)
+            except OSError as err:  # kept for a later run: no reason to stop this one
+                log.warning("could not remove %s: %s", path, err)
+                continue
             removed.append(path)
     return removed
 
