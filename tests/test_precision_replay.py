@@ -179,6 +179,8 @@ def test_a_bf16_run_continues_in_fp32_with_a_flag_and_back(data_dir, tmp_path, m
     flags = ["--preset", "nano", "--data-dir", str(data_dir), "--out", str(tmp_path),
              "--max-steps", "8", "--warmup-steps", "2", "--eval-interval", "4",
              "--eval-tokens", "1024", "--checkpoint-interval", "2", "--no-progress"]  # fmt: skip
+    assert train_main([*flags, "--allow-dtype-change"]) == 2  # goes with --resume
+    assert "--allow-dtype-change goes with --resume" in capsys.readouterr().err
     with preempted_at_batch(5):  # in step 5: step 4's checkpoint is the newest
         train_main(flags)
     run = tmp_path / "nano-rove-seed0"

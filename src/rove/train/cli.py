@@ -305,6 +305,8 @@ def parse_args(
 def run(prog: str, args: argparse.Namespace, config: TrainConfig) -> int:
     """Train (or with ``--dry-run`` print) ``config`` for command ``prog``; the exit status."""
     main_rank = int(os.environ.get("RANK", "0")) == 0
+    if args.allow_dtype_change and not args.resume:
+        raise ValueError("--allow-dtype-change goes with --resume: a new run has no precision yet")
     cfg = (replay_recipe(config) if args.resume else config).resolve()
     grad_accum = cfg.grad_accum_steps(int(os.environ.get("WORLD_SIZE", "1")))
     note = warmup_note(config, cfg)
