@@ -328,3 +328,38 @@ def test_saving_the_model_after_its_tokenizer_keeps_the_tokenizer(tmp_path):
     assert loaded("ab")["input_ids"] == get_tokenizer("byte").encode("ab")
     assert rove.hf.current_pos(rove.hf.from_pretrained(tmp_path / "ours")) == "rove"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ours", "stock"]  # no lock, no temp
+
+
+def test_a_full_disk_or_a_second_writer_leaves_the_saved_model_and_the_users_files(
+    tmp_path, monkeypatch
+):
+    """The converted model's save on a full disk, and while another process saves the same
+    folder: the earlier save, the tokenizer saved beside it and nothing else stay."""
+    import transformers.modeling_utils
+
+    from rove.data import get_tokenizer
+    from rove.hf.tokenizer import hf_tokenizer
+    from rove.lock import FolderLockedError, acquire
+
+    folder = tmp_path / "m"
+    hf_tokenizer(get_tokenizer("byte")).save_pretrained(folder)
+    model = rove.hf.convert(tiny_model("llama", dtype=torch.float32))
+    model.save_pretrained(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    other = rove.hf.convert(tiny_model("qwen2", dtype=torch.float32))
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(transformers.modeling_utils, "safe_save_file", full)
+        with pytest.raises(OSError, match="No space left"):
+            other.save_pretrained(folder)
+    holder = acquire(tmp_path, "another save", name=".m.lock", remove=True)
+    try:
+        with pytest.raises(FolderLockedError, match="in use by another process"):
+            other.save_pretrained(folder)
+    finally:
+        holder.release()
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temp folder, no lock

@@ -254,9 +254,9 @@ def _check_resumable(
 # What a refused precision change says: how to make it, and why one would.
 _DTYPE_HINT = (
     "; to continue the run in {dtype} (its optimizer state and schedule carry over, the "
-    "change is recorded in its recipe and metrics) add --allow-dtype-change "
-    "(allow_dtype_change=True). A bf16 run kept in bf16 on a CPU without native bf16 runs "
-    "emulated, about 3x (nano) to 11x (tiny) slower per step than fp32"
+    "change is recorded in its recipe and metrics) add --allow-dtype-change. A bf16 run "
+    "kept in bf16 on a CPU without native bf16 runs emulated, about 3x (nano) to 11x (tiny) "
+    "slower per step than fp32"
 )
 
 
