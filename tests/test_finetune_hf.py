@@ -213,6 +213,7 @@ def test_a_finetune_carries_its_tokenizer_and_outlives_its_source(llama_data, tm
     import shutil
 
     from rove.data import checkpoint_tokenizer
+    from rove.eval.suite import EvalConfig, evaluate_checkpoint
     from rove.hf.export import export_run
     from rove.hf.export import main as export_main
     from rove.hf.tokenizer import TOKENIZER_FILES
@@ -232,6 +233,10 @@ def test_a_finetune_carries_its_tokenizer_and_outlives_its_source(llama_data, tm
     assert json.loads((run / run_files.SUMMARY).read_text())["steps"] == 3
     _, meta = load_any_model(run)
     assert checkpoint_tokenizer(meta, "run").encode("ab") == get_tokenizer("byte").encode("ab")
+    record = evaluate_checkpoint(  # what `rove eval` runs
+        run, EvalConfig(ppl_tokens=512, ppl_multiples=[1], ruler=False, icl=False), progress=False
+    )
+    assert record["step"] == 3
     out = export_run(run, tmp_path / "hf")
     assert (out / "tokenizer.json").read_bytes() == carried["tokenizer.json"]
     shutil.rmtree(copy)  # as a run started before runs carried their tokenizer
