@@ -223,6 +223,22 @@ def test_pruning_a_symlinked_checkpoint_names_it_and_keeps_it(
     assert (elsewhere / "meta.json").is_file()
 
 
+def test_pruning_keeps_a_step_folder_rove_did_not_write(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A folder named like a checkpoint (``step_000001``) but holding no rove checkpoint is a
+    user's: pruning names it and keeps it (it went by the name alone)."""
+    model, root = small_model(), tmp_path / "checkpoints"
+    (root / "step_000001").mkdir(parents=True)
+    (root / "step_000001" / "notes.txt").write_text("keep")
+    with caplog.at_level(logging.WARNING, "rove.train"):
+        save(root, 2, model, keep=1)
+        save(root, 3, model, keep=1)
+    assert f"not pruning {root / 'step_000001'}: not a checkpoint rove wrote" in caplog.text
+    assert (root / "step_000001" / "notes.txt").read_text() == "keep"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001", "step_000003"]
+
+
 def test_resume_without_latest_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Before: "None names None ..." ("latest names None")."""
     model, root = small_model(), tmp_path / "checkpoints"

@@ -51,6 +51,7 @@ from rove.atomic import (
     fsync_dir,
     is_temp_folder,
     mark_temp_folder,
+    recorded_files,
     remove_temp_files,
     remove_temp_folder,
     write_text_atomic,
@@ -85,6 +86,7 @@ MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 META_FILE = "meta.json"
 LATEST, CHECKPOINTS = run_files.LATEST, run_files.CHECKPOINTS  # the run folder's layout
+_KIND = "checkpoint"  # what the mark of a checkpoint folder says (rove.atomic.mark_temp_folder)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _PARTIAL = re.compile(r"^\.tmp-step_\d+-[0-9a-f]{16}$")  # save_checkpoint's folder being written
 _REQUIRED = {
@@ -242,7 +244,7 @@ def save_checkpoint(
     tmp = root / f".tmp-{name}-{secrets.token_hex(8)}"
     tmp.mkdir()  # exclusive: fails on anything planted under that unpredictable name
     try:
-        mark_temp_folder(tmp, "checkpoint")  # only marked leftovers are removed
+        mark_temp_folder(tmp, _KIND)  # only marked leftovers are removed
         _write_checkpoint(tmp, step, model, optimizer, tokens, train_config, tokenizer, extra)
         final = root / name
         shutil.rmtree(final, ignore_errors=True)  # a complete folder from a crash before `latest`
@@ -355,7 +357,21 @@ def _prune(root: Path, keep: int, newest: int) -> None:
         if path.is_symlink():  # rove never writes one: what it points at is not ours to delete
             log.warning("not pruning checkpoint %s: a symbolic link, not written by rove", path)
             continue
+        if not _written_here(path):  # named like one, never by the name alone
+            log.warning("not pruning %s: not a checkpoint rove wrote", path)
+            continue
         shutil.rmtree(path)
+
+
+def _written_here(folder: Path) -> bool:
+    """Whether ``folder`` is a checkpoint :func:`save_checkpoint` wrote: its mark, or (written
+    before checkpoints carried one) a ``meta.json`` of rove's format."""
+    if recorded_files(folder, _KIND):
+        return True
+    try:
+        return json.loads((folder / META_FILE).read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 # ---------------------------------------------------------------------------- reading
