@@ -223,6 +223,22 @@ def test_pruning_a_symlinked_checkpoint_names_it_and_keeps_it(
     assert (elsewhere / "meta.json").is_file()
 
 
+def test_pruning_keeps_a_step_folder_rove_did_not_write(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A folder named like a checkpoint (``step_000001``) but holding no rove checkpoint is a
+    user's: pruning names it and keeps it (it went by the name alone)."""
+    model, root = small_model(), tmp_path / "checkpoints"
+    (root / "step_000001").mkdir(parents=True)
+    (root / "step_000001" / "notes.txt").write_text("keep")
+    with caplog.at_level(logging.WARNING, "rove.train"):
+        save(root, 2, model, keep=1)
+        save(root, 3, model, keep=1)
+    assert f"not pruning {root / 'step_000001'}: not a checkpoint rove wrote" in caplog.text
+    assert (root / "step_000001" / "notes.txt").read_text() == "keep"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001", "step_000003"]
+
+
 def test_resume_without_latest_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Before: "None names None ..." ("latest names None")."""
     model, root = small_model(), tmp_path / "checkpoints"
@@ -263,7 +279,11 @@ def test_a_corrupt_metrics_line_before_the_last_is_named(tmp_path: Path) -> None
 def test_the_next_run_removes_what_killed_writes_left(
     data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Before: ``.latest.tmp-*`` and the like stayed forever."""
+    """Before: ``.latest.tmp-*`` and the like stayed forever. A folder named like a killed
+    checkpoint's temp folder but without the mark a checkpoint save writes first is not
+    rove's: kept."""
+    from rove.atomic import mark_temp_folder
+
     run = interrupted_run(data_dir, tmp_path, monkeypatch)
     left = [
         run / f".{run_files.METRICS}.tmp-0123456789abcdef",
@@ -273,10 +293,14 @@ def test_the_next_run_removes_what_killed_writes_left(
     for path in left[:2]:
         path.write_text("{")
     left[2].mkdir()
+    mark_temp_folder(left[2], "checkpoint")
     (left[2] / "model.safetensors").write_bytes(b"\0" * 10)
     mine = run / ".notes.tmp-by-hand"  # not a name rove writes: left alone
     mine.write_text("keep")
+    unmarked = run / "checkpoints" / ".tmp-step_000005-0123456789abcdef"  # no mark: kept
+    unmarked.mkdir()
+    (unmarked / "notes.txt").write_text("keep")
     train(nano(data_dir, tmp_path), progress=False, resume=True)
     assert not any(p.exists() for p in left)
-    assert mine.read_text() == "keep"
+    assert mine.read_text() == "keep" and (unmarked / "notes.txt").read_text() == "keep"
     assert json.loads((run / run_files.SUMMARY).read_text())["steps"] == 8

@@ -106,6 +106,24 @@ def test_an_interrupted_finetune_resumes_bit_for_bit(source, tmp_path, monkeypat
     assert_same_run(resumed, full)
 
 
+def test_exporting_a_run_stopped_in_its_ramp_says_to_resume_it(source, tmp_path, capsys):
+    """Seen: the refusal told a command-line user to export the run's final checkpoint, the
+    very one refused (or, for a Hugging Face model, to call ``rove.hf.set_fraction``)."""
+    pytest.importorskip("transformers")
+    from rove.hf.export import main as export_main
+
+    cfg = finetune(source, tmp_path, max_steps=4, ramp_steps=4, checkpoint_interval=2)
+    with preempted_at_batch(3):  # the latest checkpoint is step 2's, V/O at 0.5
+        train(cfg, progress=False)
+    run_dir = tmp_path / cfg.resolve().run_name
+    capsys.readouterr()
+    assert export_main([str(run_dir), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "step 2 of a 4-step ramp" in err, err
+    assert "with --resume" in err and "rove.hf" not in err and "final checkpoint" not in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_finetuned_rove_model_exports_and_reloads_as_rove_in_a_fresh_process(source, tmp_path):
     """The smooth conversion ends as plain RoVE; a checkpoint inside its ramp loads as the model
     it was (V/O at its fraction), and is not exported as plain RoVE."""
@@ -116,7 +134,7 @@ def test_a_finetuned_rove_model_exports_and_reloads_as_rove_in_a_fresh_process(s
     run_dir = train(dataclasses.replace(cfg, keep_checkpoints=0), progress=False)
     mid = run_dir / "checkpoints" / "step_000002"
     assert load_model(mid)[0].rove_fraction == 0.5
-    with pytest.raises(ValueError, match=r"fraction 0\.5 of RoVE's angles"):
+    with pytest.raises(ValueError, match=r"V and O at 0\.5 of RoVE's angles"):
         export_run(mid, tmp_path / "mid")
     with pytest.raises(ValueError, match=r"step 2 of a 4-step ramp, V/O at 0\.5 .*--resume"):
         TrainConfig(init_from=str(mid), max_steps=2).resolve()  # nor continued as either arm

@@ -276,3 +276,61 @@ def test_a_gemma3_folder_is_a_source_and_the_vision_language_one_is_refused(tmp_
     transformers.Gemma3Config(text_config=text).save_pretrained(tmp_path / "vl")
     with pytest.raises(ValueError, match=r"vl: model_type 'gemma3' cannot .* converts gemma3_text"):
         read_source(tmp_path / "vl")
+
+
+def test_a_finetune_carries_its_tokenizer_and_outlives_its_source(llama_data, tmp_path, capsys):
+    """Seen: with its Hugging Face source moved, ``--resume`` failed with ``hf tokenizer: ...
+    is not a file``. The run copies the source's tokenizer files when it starts, so resume,
+    ``rove eval``'s tokenizer and ``rove export`` need nothing outside the run folder; a run
+    without the copy (started before runs carried one) names the source it needs back."""
+    import shutil
+
+    from rove.data import checkpoint_tokenizer
+    from rove.eval.suite import EvalConfig, evaluate_checkpoint
+    from rove.hf.export import export_run
+    from rove.hf.export import main as export_main
+    from rove.hf.tokenizer import TOKENIZER_FILES
+
+    source = tiny_llama_folder(tmp_path / "src" / "tiny-llama", 256)
+    carried = {n: (source / n).read_bytes() for n in TOKENIZER_FILES if (source / n).is_file()}
+    cfg = finetune(  # the tokenizer read from the source, as without --data-dir
+        source, llama_data, tmp_path, max_steps=3, checkpoint_interval=2, tokenizer=f"hf:{source}"
+    )
+    with preempted_at_batch(3):  # stopped in step 3: the checkpoint of step 2 is kept
+        train(cfg, progress=False)
+    run = tmp_path / "tiny-llama-rove-seed0"
+    copy = run / run_files.TOKENIZER
+    assert {n: (copy / n).read_bytes() for n in carried} == carried
+    shutil.rmtree(tmp_path / "src")
+    assert train(cfg, progress=False, resume=True) == run
+    assert json.loads((run / run_files.SUMMARY).read_text())["steps"] == 3
+    _, meta = load_any_model(run)
+    assert checkpoint_tokenizer(meta, "run").encode("ab") == get_tokenizer("byte").encode("ab")
+    record = evaluate_checkpoint(  # what `rove eval` runs
+        run, EvalConfig(ppl_tokens=512, ppl_multiples=[1], ruler=False, icl=False), progress=False
+    )
+    assert record["step"] == 3
+    out = export_run(run, tmp_path / "hf")
+    assert (out / "tokenizer.json").read_bytes() == carried["tokenizer.json"]
+    shutil.rmtree(copy)  # as a run started before runs carried their tokenizer
+    capsys.readouterr()
+    assert export_main([str(run), "--out", str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs its source back" in err and str(source) in err, err
+
+
+def test_exporting_an_hf_run_stopped_in_its_ramp_names_no_python_call(
+    llama, llama_data, tmp_path, capsys
+):
+    """Seen: ``rove export`` of a finetune stopped inside its smooth ramp told a command-line
+    user to call ``rove.hf.set_fraction(model, 1)``."""
+    from rove.hf.export import main as export_main
+
+    cfg = finetune(llama, llama_data, tmp_path, max_steps=4, ramp_steps=4, checkpoint_interval=2)
+    with preempted_at_batch(3):
+        train(cfg, progress=False)
+    capsys.readouterr()
+    run = tmp_path / "tiny-llama-rove-seed0"
+    assert export_main([str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "with --resume" in err and "rove.hf" not in err, err

@@ -122,6 +122,10 @@ def test_an_interrupted_lora_finetune_resumes_bit_for_bit(llama, llama_data, tmp
         ({"init_from": None, "lora_rank": 4}, r"lora_rank: a LoRA adapts a model continued"),
         ({"lora_alpha": 8.0}, r"lora_alpha and lora_targets go with lora_rank"),
         ({"lora_rank": 0}, r"LoRA rank must be a positive int, got 0"),
+        ({"lora_rank": 4, "lora_alpha": float("nan")}, r"LoRA alpha must be a finite .*nan"),
+        ({"lora_rank": 4, "lora_alpha": float("inf")}, r"LoRA alpha must be a finite .*inf"),
+        ({"lora_rank": 4, "lora_alpha": 0.0}, r"LoRA alpha must be a finite number > 0"),
+        ({"lora_rank": 4, "lora_alpha": -2.0}, r"LoRA alpha must be a finite number > 0"),
         ({"lora_rank": 4, "lora_targets": []}, r"LoRA targets must be module names"),
         (
             {"lora_rank": 4, "lora_targets": ["all-linear", "q_proj"]},
@@ -136,6 +140,19 @@ def test_an_interrupted_lora_finetune_resumes_bit_for_bit(llama, llama_data, tmp
 def test_bad_lora_settings_are_refused_naming_the_field(llama, fields, error):  # noqa: F811
     with pytest.raises(ValueError, match=error):
         TrainConfig(**{"init_from": str(llama), "max_steps": 1, **fields})
+
+
+@pytest.mark.parametrize("alpha", ["nan", "inf", "-1", "0"])
+def test_a_bad_lora_alpha_is_one_line_before_any_run_folder(llama, tmp_path, capsys, alpha):  # noqa: F811
+    """Seen: ``--lora-alpha nan`` was accepted; the run stopped at step 0 blaming the learning
+    rate and precision, and left a run folder."""
+    from rove.finetune import main
+
+    argv = [str(llama), "--lora", "4", "--lora-alpha", alpha, "--max-steps", "2"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "LoRA alpha must be a finite number > 0" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_rove_checkpoint_is_refused_with_what_to_do(tmp_path):

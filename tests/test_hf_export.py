@@ -15,6 +15,7 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from rove._extras import install_hint
+from rove.atomic import SAVE_MANIFEST
 from rove.checkpoint import save_checkpoint
 from rove.data import get_tokenizer
 from rove.hf.export import (
@@ -242,7 +243,9 @@ def test_a_rove_export_has_a_model_card_saying_how_to_load_it(tmp_path, monkeypa
     assert data.eval_results is None  # no run: no loss to report
     manifest = json.loads((tmp_path / "rove" / EXPORT_MANIFEST).read_text())
     assert manifest["files"] == sorted(
-        p.name for p in (tmp_path / "rove").iterdir() if p.name != EXPORT_MANIFEST
+        p.name
+        for p in (tmp_path / "rove").iterdir()
+        if p.name not in (EXPORT_MANIFEST, SAVE_MANIFEST)
     )
     assert CARD_NAME in manifest["files"]
     asked = record_prompts(monkeypatch)

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from rove.atomic import SAVE_MANIFEST
 from rove.hf.export import EXPORT_MANIFEST, export_model, main
 from run_folders import save_byte_run
 from test_hf_export import random_gpt
@@ -46,14 +47,14 @@ def test_replaces_its_own_export_whole(tmp_path, capsys):
     first = sorted(p.name for p in out.iterdir())
     assert EXPORT_MANIFEST in first and "model.safetensors" in first
     listed = json.loads((out / EXPORT_MANIFEST).read_text())["files"]
-    assert sorted([*listed, EXPORT_MANIFEST]) == first
+    assert sorted([*listed, EXPORT_MANIFEST, SAVE_MANIFEST]) == first
     export_model(random_gpt("rope"), out)  # another architecture, no tokenizer
     assert "modeling_rove_gpt.py" not in {p.name for p in out.iterdir()}  # old files gone
     assert json.loads((out / "config.json").read_text())["model_type"] == "gpt_neox"
     (out / "notes.txt").write_text("mine")  # a file rove did not write makes it foreign
     code, err = export_cli(capsys, run, out)
     assert code == 2 and "(notes.txt)" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out", "run"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]  # no lock left
 
 
 def test_refuses_to_write_into_a_run_folder(tmp_path, capsys):
@@ -88,7 +89,7 @@ def test_file_size_limit_leaves_nothing_half_written(tmp_path):
     (line,) = [x for x in proc.stderr.splitlines() if "error" in x or "Traceback" in x]
     assert line.startswith(f"rove export: error: cannot write the export {out}")
     assert "File too large" in line and "nothing was written there" in line
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".X.lock", "run"]  # no X, no temp
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no X, no temp, no lock
 
 
 def test_disk_full_keeps_the_previous_export(tmp_path, monkeypatch):
@@ -105,18 +106,25 @@ def test_disk_full_keeps_the_previous_export(tmp_path, monkeypatch):
     with pytest.raises(OSError, match=r"nothing was written there \(the export it holds is"):
         export_model(random_gpt("rove"), out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_killed_exports_temp_is_removed_and_a_running_one_is_named(tmp_path):
+    """Only a leftover that carries an export's mark is removed: a user's ``.out.tmp-mine``
+    beside ``out`` is kept (seen: leftovers were found by their names)."""
+    from rove.atomic import mark_temp_folder
     from rove.lock import acquire
     from rove.terminal import USER_ERRORS
 
     killed = tmp_path / ".out.tmp-k1ll3d"  # what SIGKILL during an export leaves
     killed.mkdir()
+    mark_temp_folder(killed, "export")  # an export's first write
     (killed / "config.json").write_text("{}")
+    mine = tmp_path / ".out.tmp-mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
     export_model(random_gpt("rope"), tmp_path / "out")
-    assert not killed.exists()
+    assert not killed.exists() and (mine / "notes.txt").read_text() == "keep"
     lock = acquire(tmp_path, "test", name=".out.lock")  # another export in progress
     try:
         with pytest.raises(USER_ERRORS, match="in use by another process"):

@@ -368,3 +368,35 @@ def test_gemma3_gguf_is_transformers_load_at_fraction_0(gemma3_gguf):
 def _logits_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model.eval()(ids).logits
+
+
+def test_a_gguf_finetune_resumes_and_exports_without_its_file_and_cache(
+    gguf_file, tmp_path, monkeypatch
+):
+    """The run carries its tokenizer (from the GGUF's cached folder): with the file and the
+    cache deleted, it resumes and exports."""
+    import shutil
+
+    from preemption import preempted_at_batch
+    from rove.hf.export import export_run
+    from rove.train import TrainConfig, train
+
+    source = tmp_path / "src" / "tiny-llama.F32.gguf"
+    source.parent.mkdir()
+    shutil.copyfile(gguf_file[0], source)
+    monkeypatch.setenv("ROVE_GGUF_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ROVE_DATA_DIR", str(tmp_path / "data"))
+    cfg = TrainConfig(
+        init_from=str(source), out_dir=str(tmp_path / "runs"), pos="rove", seq_len=32,
+        micro_batch=4, tokens_per_step=128, max_steps=3, eval_tokens=256, dtype="fp32",
+        data_max_tokens=20_000, checkpoint_interval=2,
+    )  # fmt: skip
+    with preempted_at_batch(3):
+        train(cfg, progress=False)
+    shutil.rmtree(tmp_path / "src")
+    shutil.rmtree(tmp_path / "cache")
+    run = train(cfg, progress=False, resume=True)
+    out = export_run(run, tmp_path / "hf")
+    assert (out / "tokenizer.json").read_bytes() == (
+        run / "tokenizer" / "tokenizer.json"
+    ).read_bytes()

@@ -217,3 +217,47 @@ def test_a_folder_without_adapter_weights_is_named(tmp_path):
         weights.unlink()
     with pytest.raises(ValueError, match=r"a: no adapter weights \(adapter_model\.safetensors"):
         load_adapter(tmp_path / "a", base=tiny_model("llama"))
+
+
+def test_lora_convert_merge_and_fraction_leave_a_twin_model_alone():
+    """Twin models share one config object under transformers 5 (``from_config(cfg)`` keeps
+    it): a LoRA, a conversion of the PEFT model, a fraction and a merge of one twin change
+    nothing of the other."""
+    import transformers
+
+    from rove.hf.lora import LoraSpec, add_lora, merged
+
+    a = tiny_model("llama", dtype=torch.float32)
+    b = transformers.AutoModelForCausalLM.from_config(a.config).eval()
+    stock, before = type(b.config), b.config.to_dict()
+    x = ids()
+    want = logits(b, x)
+    wrapped = rove.hf.convert(add_lora(a, LoraSpec(2, 4.0)))
+    rove.hf.set_fraction(wrapped, 0.5)
+    flat = merged(wrapped)
+    rove.hf.set_fraction(flat, 1)
+    assert rove.hf.current_fraction(wrapped) == 0.5  # the merged copy has its own config
+    assert type(b.config) is stock and b.config.to_dict() == before
+    assert rove.hf.current_pos(b) == "rope" and torch.equal(logits(b, x), want)
+
+
+def test_save_adapter_keeps_the_users_readme_as_stock_peft_does(tmp_path):
+    """Seen: ``save_adapter`` replaced a user's README.md with PEFT's empty template; stock
+    PEFT updates the user's card in place (its metadata), keeping the text. And a card the user
+    edits after rove wrote it is theirs from then on."""
+    model = lora(rove.hf.convert(tiny_model("llama", dtype=torch.float32)))
+    text = "# my adapter\n\nTrained on my notes.\n"
+    for name in ("ours", "stock"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "README.md").write_text(text)
+    save_adapter(model, tmp_path / "ours")
+    model.save_pretrained(tmp_path / "stock")
+    card = (tmp_path / "ours" / "README.md").read_text()
+    assert "Trained on my notes." in card and card == (tmp_path / "stock" / "README.md").read_text()
+    save_adapter(model, tmp_path / "ours")  # a second save: still the user's text
+    assert "Trained on my notes." in (tmp_path / "ours" / "README.md").read_text()
+    save_adapter(model, tmp_path / "fresh")  # PEFT's own card, replaced by the next save ...
+    (tmp_path / "fresh" / "README.md").write_text(text)  # ... until the user edits it
+    save_adapter(model, tmp_path / "fresh")
+    assert "Trained on my notes." in (tmp_path / "fresh" / "README.md").read_text()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no lock, no temp

@@ -18,6 +18,7 @@ from fresh_process import run_python
 transformers = pytest.importorskip("transformers")
 
 import rove.hf  # noqa: E402
+from rove.atomic import SAVE_MANIFEST  # noqa: E402
 from rove.hf.conversion import MODEL_TYPE, REMOTE_FILE  # noqa: E402
 from test_hf_convert import VOCAB, tiny_model  # noqa: E402
 
@@ -151,8 +152,8 @@ def test_converted_back_to_rope_saves_a_stock_folder(tmp_path):
     model = rove.hf.convert(rove.hf.convert(tiny_model("llama", dtype=torch.float32)), "rope")
     model.save_pretrained(tmp_path / "back")
     assert sorted(p.name for p in (tmp_path / "back").iterdir()) == sorted(
-        p.name for p in (tmp_path / "stock").iterdir()
-    )
+        [SAVE_MANIFEST, *(p.name for p in (tmp_path / "stock").iterdir())]
+    )  # and the hidden record of what rove's save wrote
     assert (tmp_path / "back" / "config.json").read_text() == (
         tmp_path / "stock" / "config.json"
     ).read_text()
@@ -289,3 +290,95 @@ def test_a_type_rove_cannot_convert_is_refused_from_config_json(tmp_path):
     )
     with pytest.raises(ValueError, match=rf"^{re.escape(str(folder))}: model_type 'gpt2' cannot"):
         rove.hf.from_pretrained(folder, pos="rove")
+
+
+def test_converting_one_of_twin_models_leaves_the_other_rope(tmp_path):
+    """Seen: transformers 5's ``from_config(cfg)`` keeps ``cfg`` itself, and ``convert``
+    re-classed that shared object, so the unconverted twin saved (and reloaded) as RoVE."""
+    a = tiny_model("llama", dtype=torch.float32)
+    cfg = a.config
+    torch.manual_seed(1)
+    b = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    config_class = type(b.config)
+    x = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = b(input_ids=x).logits
+    rove.hf.convert(a, "rove")
+    rove.hf.set_fraction(a, 0.5)
+    assert type(b.config) is config_class and type(cfg) is config_class
+    assert not hasattr(b.config, "_rove_fraction")
+    assert all(  # the converted model's parts read its own config, never the old one
+        getattr(m, "config", a.config) is a.config for m in a.modules()
+    )
+    assert rove.hf.current_pos(b) == "rope"
+    b.save_pretrained(tmp_path / "b")
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["model_type"] == "llama"
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    again = rove.hf.from_pretrained(tmp_path / "b")
+    assert rove.hf.current_pos(again) == "rope"
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=x).logits, want)
+
+
+def test_saving_the_model_after_its_tokenizer_keeps_the_tokenizer(tmp_path):
+    """Seen: ``tokenizer.save_pretrained(D)`` then ``converted.save_pretrained(D)`` (the usual
+    order) deleted tokenizer.json and tokenizer_config.json: the save took every tokenizer file
+    name for its own. Stock transformers keeps them, and so does every later save."""
+    from rove.data import get_tokenizer
+    from rove.hf.tokenizer import hf_tokenizer
+
+    tokenizer = hf_tokenizer(get_tokenizer("byte"))
+    model = rove.hf.convert(tiny_model("llama", dtype=torch.float32))
+    stock = tiny_model("llama", dtype=torch.float32)
+    for folder, saved in ((tmp_path / "ours", model), (tmp_path / "stock", stock)):
+        tokenizer.save_pretrained(folder)
+        written = {p.name: p.read_bytes() for p in folder.iterdir()}
+        assert {"tokenizer.json", "tokenizer_config.json"} <= set(written)
+        for _ in range(2):  # the first save into the folder, and a save over its own
+            saved.save_pretrained(folder)
+            assert {n: (folder / n).read_bytes() for n in written if (folder / n).exists()} == (
+                written
+            ), folder
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "ours")
+    assert loaded("ab")["input_ids"] == get_tokenizer("byte").encode("ab")
+    assert rove.hf.current_pos(rove.hf.from_pretrained(tmp_path / "ours")) == "rove"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours", "stock"]  # no lock, no temp
+
+
+def test_a_full_disk_or_a_second_writer_leaves_the_saved_model_and_the_users_files(
+    tmp_path, monkeypatch
+):
+    """The converted model's save on a full disk, and while another process saves the same
+    folder: the earlier save, the tokenizer saved beside it and nothing else stay."""
+    import transformers.modeling_utils
+
+    from rove.data import get_tokenizer
+    from rove.hf.tokenizer import hf_tokenizer
+    from rove.lock import FolderLockedError, acquire
+
+    folder = tmp_path / "m"
+    hf_tokenizer(get_tokenizer("byte")).save_pretrained(folder)
+    model = rove.hf.convert(tiny_model("llama", dtype=torch.float32))
+    model.save_pretrained(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    other = rove.hf.convert(tiny_model("qwen2", dtype=torch.float32))
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(transformers.modeling_utils, "safe_save_file", full)
+        with pytest.raises(OSError, match="No space left"):
+            other.save_pretrained(folder)
+    holder = acquire(tmp_path, "another save", name=".m.lock", remove=True)
+    try:
+        with pytest.raises(FolderLockedError, match="in use by another process"):
+            other.save_pretrained(folder)
+    finally:
+        holder.release()
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temp folder, no lock

@@ -93,3 +93,86 @@ def test_atomic_write_keeps_umask_permissions(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_save_owns_only_what_it_wrote(tmp_path):
+    """save_folder replaces what an earlier save of its kind recorded, keeps every other file
+    (one it rewrote too: a user's README that the save updates in place), and forgets a file
+    of its own once the user changes it."""
+
+    def write(files: dict[str, str]):
+        def fill(tmp: Path) -> None:
+            for name, text in files.items():
+                (tmp / name).write_text(
+                    text + (tmp / name).read_text() if (tmp / name).exists() else text
+                )
+
+        return fill
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("user's")
+    (folder / "README.md").write_text("user's card")
+    atomic.save_folder(
+        folder, write({"a.bin": "1", "README.md": "meta\n"}), "thing", keep_other_files=True
+    )
+    assert (folder / "tokenizer.json").read_text() == "user's"
+    assert (folder / "README.md").read_text() == "meta\nuser's card"
+    assert atomic.recorded_files(folder, "thing") == {atomic.SAVE_MANIFEST, "a.bin"}
+    assert atomic.recorded_files(folder, "other kind") == set()
+    atomic.save_folder(folder, write({"b.bin": "2"}), "thing", keep_other_files=True)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [atomic.SAVE_MANIFEST, "README.md", "b.bin", "tokenizer.json"]
+    )  # a.bin was the earlier save's: replaced
+    (folder / "b.bin").write_text("edited by the user")
+    atomic.save_folder(folder, write({"c.bin": "3"}), "thing", keep_other_files=True)
+    assert (folder / "b.bin").read_text() == "edited by the user"
+    with pytest.raises(ValueError, match=r"not part of a rove thing \(README.md, b.bin"):
+        atomic.save_folder(folder, write({}), "thing")  # without keep_other_files: refused
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no lock, no temp left
+
+
+def test_only_marked_leftovers_beside_a_save_are_removed(tmp_path):
+    """Seen: a user's folder ``.model.tmp-mine`` beside ``model`` was deleted by the next
+    save, found by its name; now only temp folders that a save marked first are removed."""
+    mine = tmp_path / ".model.tmp-mine"
+    mine.mkdir()
+    (mine / "data.txt").write_text("keep")
+    killed = tmp_path / ".model.tmp-k1ll3d"
+    killed.mkdir()
+    atomic.mark_temp_folder(killed, "thing")
+    (killed / "half.bin").write_text("x")
+    unmarked_yet = tmp_path / ".model.tmp-b3f0r3m4rk"  # killed before its mark was whole
+    unmarked_yet.mkdir()
+    (unmarked_yet / f".{atomic.SAVE_MANIFEST}.tmp-0123456789abcdef").write_text('{"form')
+    (tmp_path / ".model.tmp-3mpty").mkdir()  # killed at once: nothing in it to lose
+    atomic.save_folder(tmp_path / "model", lambda tmp: (tmp / "a").write_text("1"), "thing")
+    assert (mine / "data.txt").read_text() == "keep" and not killed.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.tmp-mine", "model"]
+
+
+def test_a_removed_lock_file_is_never_locked_by_two(tmp_path, monkeypatch):
+    """A save's lock file is deleted when the save ends. A process that opened it just before
+    and locks it just after holds an orphan: acquire sees that and locks the file at the path,
+    so a third process is refused, never let in beside it."""
+    import fcntl
+
+    from rove import lock as lock_module
+
+    first = acquire(tmp_path, "first", name=".x.lock", remove=True)
+    real_flock, calls = fcntl.flock, []
+
+    def flock_after_the_holder_finished(fd, op):
+        calls.append(fd)
+        if len(calls) == 1:
+            first.release()  # the holder ends between our open and our lock
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(lock_module.fcntl, "flock", flock_after_the_holder_finished)
+    second = acquire(tmp_path, "second", name=".x.lock", remove=True)
+    monkeypatch.undo()
+    assert len(calls) == 2  # the orphan, then the file at the path
+    with pytest.raises(FolderLockedError, match="second"):
+        acquire(tmp_path, "second", name=".x.lock")
+    second.release()
+    assert not (tmp_path / ".x.lock").exists()

@@ -166,3 +166,44 @@ def test_sigterm_between_scheduled_checkpoints_saves_that_step(data_dir, tmp_pat
     assert latest_checkpoint(run_dir).name == "step_000006"
     assert read_metrics(run_dir)[-1]["step"] == 6
     assert_same_run(train(cfg, progress=False, resume=True), full)
+
+
+def test_a_bf16_run_continues_in_fp32_with_a_flag_and_back(data_dir, tmp_path, machine, capsys):
+    """Seen: a bf16 run resumed with ``--dtype fp32`` was refused with no word of what to do,
+    while emulated bf16 runs 3-11x slower per step on a CPU without native bf16. Now the
+    refusal names ``--allow-dtype-change`` and the slowdown; with it the run continues, its
+    optimizer state and schedule carried over, the change recorded in recipe and metrics."""
+    from rove.train.cli import main as train_main
+
+    machine("quiet")
+    flags = ["--preset", "nano", "--data-dir", str(data_dir), "--out", str(tmp_path),
+             "--max-steps", "8", "--warmup-steps", "2", "--eval-interval", "4",
+             "--eval-tokens", "1024", "--checkpoint-interval", "2", "--no-progress"]  # fmt: skip
+    assert train_main([*flags, "--allow-dtype-change"]) == 2  # goes with --resume
+    assert "--allow-dtype-change goes with --resume" in capsys.readouterr().err
+    with preempted_at_batch(5):  # in step 5: step 4's checkpoint is the newest
+        train_main(flags)
+    run = tmp_path / "nano-rove-seed0"
+    machine("loaded")
+    capsys.readouterr()
+    assert train_main([*flags, "--resume", "--dtype", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-dtype-change" in err and "slower" in err, err
+    with preempted_at_batch(3):  # steps 5 and 6 in fp32, then back to bf16 for 7 and 8
+        train_main([*flags, "--resume", "--dtype", "fp32", "--allow-dtype-change"])
+    assert load_checkpoint(run).meta["train_config"]["dtype"] == "fp32"
+    assert train_main([*flags, "--resume", "--dtype", "bf16"]) == 2  # back: the flag again
+    assert train_main([*flags, "--resume", "--dtype", "bf16", "--allow-dtype-change"]) == 0
+    assert_recorded(run, "bf16")
+    recipe = json.loads((run / run_files.RECIPE).read_text())
+    assert recipe["dtype_changes"] == [
+        {"step": 4, "from": "bf16", "to": "fp32"},
+        {"step": 6, "from": "fp32", "to": "bf16"},
+    ]
+    records = read_metrics(run)
+    assert [r["step"] for r in records if "dtype_change" in r] == [5, 7]
+    assert [r["dtype_change"] for r in records if "dtype_change" in r] == [
+        "bf16 -> fp32",
+        "fp32 -> bf16",
+    ]
+    assert sorted(r["step"] for r in records if "loss" in r) == list(range(1, 9))

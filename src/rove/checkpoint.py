@@ -47,7 +47,15 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from rove import run_files
-from rove.atomic import fsync_dir, remove_temp_files, write_text_atomic
+from rove.atomic import (
+    fsync_dir,
+    is_temp_folder,
+    mark_temp_folder,
+    recorded_files,
+    remove_temp_files,
+    remove_temp_folder,
+    write_text_atomic,
+)
 from rove.functional import conversion_fraction
 from rove.model import GPT, GPTConfig
 
@@ -63,6 +71,7 @@ __all__ = [
     "load_built_model",
     "load_checkpoint",
     "load_model",
+    "ramp_fraction",
     "remove_partial_checkpoints",
     "restore_rng",
     "resume_checkpoint",
@@ -77,6 +86,7 @@ MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 META_FILE = "meta.json"
 LATEST, CHECKPOINTS = run_files.LATEST, run_files.CHECKPOINTS  # the run folder's layout
+_KIND = "checkpoint"  # what the mark of a checkpoint folder says (rove.atomic.mark_temp_folder)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _PARTIAL = re.compile(r"^\.tmp-step_\d+-[0-9a-f]{16}$")  # save_checkpoint's folder being written
 _REQUIRED = {
@@ -234,6 +244,7 @@ def save_checkpoint(
     tmp = root / f".tmp-{name}-{secrets.token_hex(8)}"
     tmp.mkdir()  # exclusive: fails on anything planted under that unpredictable name
     try:
+        mark_temp_folder(tmp, _KIND)  # only marked leftovers are removed
         _write_checkpoint(tmp, step, model, optimizer, tokens, train_config, tokenizer, extra)
         final = root / name
         shutil.rmtree(final, ignore_errors=True)  # a complete folder from a crash before `latest`
@@ -313,15 +324,21 @@ def _write_checkpoint(
 
 
 def remove_partial_checkpoints(root: str | Path) -> list[Path]:
-    """Delete what killed checkpoint writes left in ``root``: ``.tmp-step_*`` folders and the
-    ``latest`` pointer's temp files. Only for a caller that owns the run folder (its lock)."""
+    """Delete what killed checkpoint writes left in ``root``: ``.tmp-step_*`` folders that
+    :func:`save_checkpoint` marked (a folder of that name without the mark is not rove's) and
+    the ``latest`` pointer's temp files. Only for a caller that owns the run folder (its
+    lock)."""
     root = Path(root)
     if not root.is_dir():
         return []
     removed = remove_temp_files(root)
     for path in root.iterdir():
-        if _PARTIAL.match(path.name) and path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+        if _PARTIAL.match(path.name) and is_temp_folder(path):
+            try:
+                remove_temp_folder(path)
+            except OSError as err:  # kept for a later run: no reason to stop this one
+                log.warning("could not remove %s: %s", path, err)
+                continue
             removed.append(path)
     return removed
 
@@ -340,7 +357,21 @@ def _prune(root: Path, keep: int, newest: int) -> None:
         if path.is_symlink():  # rove never writes one: what it points at is not ours to delete
             log.warning("not pruning checkpoint %s: a symbolic link, not written by rove", path)
             continue
+        if not _written_here(path):  # named like one, never by the name alone
+            log.warning("not pruning %s: not a checkpoint rove wrote", path)
+            continue
         shutil.rmtree(path)
+
+
+def _written_here(folder: Path) -> bool:
+    """Whether ``folder`` is a checkpoint :func:`save_checkpoint` wrote: its mark, or (written
+    before checkpoints carried one) a ``meta.json`` of rove's format."""
+    if recorded_files(folder, _KIND):
+        return True
+    try:
+        return json.loads((folder / META_FILE).read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 # ---------------------------------------------------------------------------- reading
@@ -537,6 +568,15 @@ def _gpt(config: dict) -> GPT:
     return GPT(GPTConfig.from_dict(config))
 
 
+def ramp_fraction(meta: dict) -> float:
+    """The smooth conversion's a at a checkpoint (``meta``): below 1 at a step inside the
+    ramp, where the model is neither RoPE nor RoVE; 1 after it, and for every other run."""
+    train = meta.get("train_config") or {}
+    if train.get("conversion") != "smooth" or not isinstance(meta.get("step"), int):
+        return 1.0
+    return conversion_fraction(meta["step"], int(train["ramp_steps"]))
+
+
 def load_built_model(
     path: str | Path, build: Callable[[dict], Model], device: str | torch.device = "cpu"
 ) -> tuple[Model, dict]:
@@ -551,10 +591,8 @@ def load_built_model(
         raise CheckpointError(f"{ckpt.path / META_FILE}: bad model_config ({err})") from None
     restore_model(model, ckpt)
     model.eval()
-    train = ckpt.meta.get("train_config") or {}
-    if train.get("conversion") == "smooth":  # taken mid-ramp: the model as it was trained
-        fraction = conversion_fraction(int(ckpt.meta["step"]), int(train["ramp_steps"]))
-        if fraction < 1:
-            cast(Any, model).set_rove_fraction(fraction)
+    fraction = ramp_fraction(ckpt.meta)
+    if fraction < 1:  # taken mid-ramp: the model as it was trained
+        cast(Any, model).set_rove_fraction(fraction)
     meta = {k: v for k, v in ckpt.meta.items() if k not in ("files", "rng", "loader")}
     return model, dict(meta, checkpoint=str(ckpt.path))

@@ -4,6 +4,7 @@ A run folder (``rove train``)::
 
     recipe.json  metrics.jsonl  summary.json  eval.json  checkpoints/<step>/ ...  checkpoints/latest
     adapter/  (a LoRA finetune's adapter, PEFT's folder)
+    tokenizer/  (a Hugging Face tokenizer's files, copied when the run starts: what it reads)
 
 The recipe was ``config.json`` before 0.x: a name that ``transformers``' ``from_pretrained(run)``
 takes for a model config. Runs written then are still read (:func:`recipe_file`).
@@ -30,6 +31,7 @@ __all__ = [
     "RESULTS",
     "RUNS",
     "SUMMARY",
+    "TOKENIZER",
     "recipe_file",
 ]
 
@@ -41,6 +43,7 @@ EVAL = "eval.json"  # rove eval's record of the final checkpoint
 CHECKPOINTS = "checkpoints"  # step folders, and LATEST naming the newest
 LATEST = "latest"
 ADAPTER = "adapter"  # a LoRA finetune's adapter at its end (rove.hf.save_adapter's folder)
+TOKENIZER = "tokenizer"  # the run's copy of an hf: tokenizer's files (rove.data.run_tokenizer)
 COMPARE_CONFIG = "compare_config.json"
 RESULTS = "results.json"  # every run's record, what the report is built from
 REPORT = "report.md"

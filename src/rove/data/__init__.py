@@ -23,6 +23,7 @@ from rove.data.tokenizers import (
     check_tokenizer_identity,
     checkpoint_tokenizer,
     get_tokenizer,
+    run_tokenizer,
 )
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "load_manifest",
     "load_split_tokens",
     "prepare_dataset",
+    "run_tokenizer",
     "tokenize_source",
     "verify_data_identity",
 ]

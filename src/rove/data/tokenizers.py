@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rove import run_files
 from rove._extras import install_hint, needs_extra
 
 if TYPE_CHECKING:
@@ -307,12 +308,37 @@ def checkpoint_tokenizer(meta: dict, where: str) -> Tokenizer:
     """The tokenizer a checkpoint was trained with (``meta`` from ``load_model``), identity-checked.
 
     The name given at training time (``train_config["tokenizer"]``, e.g. ``hf:PATH``) is tried
-    first, since an ``hf:`` identity names a content hash, not a file.
+    first, since an ``hf:`` identity names a content hash, not a file; an ``hf:`` tokenizer is
+    read from the run's own copy where the run has one (:func:`run_tokenizer`).
     """
     identity = meta["tokenizer"]
-    tokenizer = get_tokenizer(meta.get("train_config", {}).get("tokenizer") or identity["name"])
+    name = meta.get("train_config", {}).get("tokenizer") or identity["name"]
+    checkpoint = meta.get("checkpoint")  # <run>/checkpoints/<step>
+    run_dir = Path(checkpoint).parent.parent if checkpoint else None
+    tokenizer = get_tokenizer(run_tokenizer(name, run_dir, where))
     check_tokenizer_identity(identity, tokenizer.identity(), where)
     return tokenizer
+
+
+def run_tokenizer(name: str, run_dir: Path | None, where: str) -> str:
+    """The name to build a run's tokenizer by: an ``hf:`` one from the copy of its files that
+    the run made when it started (``<run_dir>/tokenizer``), where it has one, so that resume,
+    evaluation and export need nothing outside the run folder (a source model is often moved
+    or deleted once a finetune has started). A run without the copy reads the recorded file;
+    where that is gone, the ``ValueError`` says the run needs it back, and where (``where``
+    names what was asked for, e.g. "checkpoint runs/x")."""
+    if not name.startswith(HF_PREFIX) or run_dir is None:
+        return name
+    copy = Path(run_dir) / run_files.TOKENIZER
+    if (copy / "tokenizer.json").is_file():
+        return f"{HF_PREFIX}{copy.resolve()}"
+    recorded = Path(name.removeprefix(HF_PREFIX)).expanduser()
+    if not recorded.exists():
+        raise ValueError(
+            f"{where}: the run needs its source back at {recorded}: its tokenizer is read from "
+            f"there (the run started before runs kept a copy in their folder, {copy})"
+        )
+    return name
 
 
 def check_tokenizer_identity(expected: dict, actual: dict, what: str) -> None:

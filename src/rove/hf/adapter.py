@@ -34,8 +34,10 @@ STATE_KEY = "rove"
 
 def save_adapter(model: Any, folder: str | Path) -> Path:
     """``model.save_pretrained(folder)`` of a PEFT model, with its base's pos recorded, in one
-    step: ``folder`` holds the old adapter or the new one (:func:`rove.atomic.save_folder`);
-    other files in it are kept, other folders refused."""
+    step: ``folder`` holds the old adapter or the new one (:func:`rove.atomic.save_folder`).
+    What an earlier adapter save recorded there is replaced; other files (a README.md of the
+    user's, which PEFT updates in place as its own save does) are kept, other folders
+    refused."""
     if not hasattr(model, "peft_config"):
         raise ValueError(
             f"save_adapter saves PEFT adapters; {type(model).__name__} is not a PEFT model "
@@ -51,20 +53,7 @@ def save_adapter(model: Any, folder: str | Path) -> Path:
             config = json.loads(path.read_text(encoding="utf-8"))
             write_json_atomic(path, {**config, STATE_KEY: state})
 
-    return save_folder(folder, write, _adapter_files, "PEFT adapter", keep_other_files=True)
-
-
-def _adapter_files(folder: Path) -> set[str]:
-    """The entries of ``folder`` that a PEFT adapter save writes: its config, weights and card,
-    and named adapters' folders (each holding an adapter config)."""
-    if not folder.is_dir():
-        return set()
-    names = {ADAPTER_CONFIG, *ADAPTER_WEIGHTS, "README.md"}
-    return {
-        p.name
-        for p in folder.iterdir()
-        if (p.is_file() and p.name in names) or (p.is_dir() and (p / ADAPTER_CONFIG).is_file())
-    }
+    return save_folder(folder, write, "PEFT adapter", keep_other_files=True)
 
 
 def load_adapter(folder: str | Path, base: Any | None = None, **kwargs: Any) -> Any:

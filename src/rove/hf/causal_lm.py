@@ -27,6 +27,7 @@ from torch import nn
 from rove.atomic import save_folder
 from rove.hf.adapter import save_adapter as save_peft_adapter
 from rove.hf.conversion import (
+    SAVED_KIND,
     SUPPORTED_MODEL_TYPES,
     HFPos,
     convert,
@@ -34,10 +35,10 @@ from rove.hf.conversion import (
     current_pos,
     has_table_per_layer_type,
     is_rotary_module,
-    saved_files,
     set_fraction,
 )
 from rove.hf.lora import LoraSpec, add_lora, merged
+from rove.hf.model_card import write_converted_card
 from rove.hf.transfer import transfer
 from rove.rotary import (
     SCALING_KINDS,
@@ -531,7 +532,9 @@ class HFCausalLM(nn.Module):
             6 * self.num_params(non_embedding=False) + 12 * cfg.num_hidden_layers * width * seq_len
         )
 
-    def save_pretrained(self, folder: str | Path, *, tokenizer: Any | None = None) -> Path:
+    def save_pretrained(
+        self, folder: str | Path, *, tokenizer: Any | None = None, facts: Any | None = None
+    ) -> Path:
         """Write the model (and an HF ``tokenizer``, when given) as a Hugging Face folder that
         reloads as what it is: RoVE with rove's marks (:mod:`rove.hf.pretrained`), RoPE stock.
 
@@ -540,17 +543,20 @@ class HFCausalLM(nn.Module):
 
         Written in a temp folder beside ``folder`` and swapped in whole, so ``folder`` holds the
         old model or the new one, never half (:func:`rove.atomic.save_folder`, which also
-        removes what killed saves left); it must be new, empty, or hold only the files a
-        Hugging Face save writes.
+        removes what killed saves left); it must be new, empty, or hold only the files an
+        earlier model save recorded there. ``facts`` (a :class:`rove.hf.model_card.TrainingFacts`)
+        go into a RoVE model's card.
         """
         hf = merged(self.hf) if self.lora is not None else self.hf
 
         def write(tmp: Path) -> None:
             type(hf).save_pretrained(hf, tmp)  # transformers' own, into the temp folder
+            if facts is not None and current_pos(hf) == "rove":  # the card, with the run's facts
+                write_converted_card(tmp, hf.config, hf.config.model_type, facts)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
 
-        return save_folder(folder, write, saved_files, "Hugging Face model")
+        return save_folder(folder, write, SAVED_KIND)
 
 
 def _checked(idx: torch.Tensor) -> torch.Tensor:

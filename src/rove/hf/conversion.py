@@ -35,9 +35,9 @@ of the (cos, sin) tensors a layer receives, never on "the model's" table.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
-import re
 import shutil
 import weakref
 from dataclasses import dataclass
@@ -50,8 +50,7 @@ from torch.utils.hooks import RemovableHandle
 
 from rove.atomic import save_folder
 from rove.functional import check_fraction
-from rove.hf.model_card import is_rove_card, write_converted_card
-from rove.hf.tokenizer import TOKENIZER_FILES
+from rove.hf.model_card import write_converted_card
 from rove.kernels import rotate, unrotate_merge_heads
 from rove.rotary import table_dtype
 
@@ -427,6 +426,10 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
     RoPE at 0 to exactly RoVE at 1 (see :func:`set_fraction`): a RoPE model converted at 0 and
     ramped to 1 while it trains never leaves the function it computes.
 
+    ``model`` gets a config object of its own (its parts read the new one): a model that
+    shared the old one (transformers 5's ``from_config`` keeps the object it is given) stays
+    as it was.
+
     Returns ``model`` (for chaining).
     """
     if pos not in ("rope", "rove"):
@@ -445,6 +448,9 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
     if not modules:
         raise ValueError(f"found no {model_type} attention module in {type(model).__name__}")
     states = [getattr(m, _STATE_ATTR) for m in modules if hasattr(m, _STATE_ATTR)]
+    config = _own_config(model)
+    if states:
+        states[0].shared.config = config
     if pos == "rope":
         for module in modules:
             if hasattr(module, _STATE_ATTR):
@@ -467,6 +473,23 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
     return model
 
 
+def _own_config(model: nn.Module) -> Any:
+    """Give ``model`` a copy of its config, read by every part of it that read the old one.
+
+    Why: ``convert`` marks the config (its class, the fraction), and a config object is not
+    the model's alone: transformers 5's ``from_config(cfg)`` keeps ``cfg`` itself, so twin
+    models built from one config share it, and marking it would make the unconverted twin
+    save (and reload) as RoVE.
+    """
+    old = cast(Any, model).config
+    new = copy.deepcopy(old)
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if value is old:
+                setattr(module, name, new)
+    return new
+
+
 # How a converted model persists (:mod:`rove.hf.pretrained`): ``convert`` marks the config, and
 # the model class registered for a marked config converts what it loads. The two call each
 # other, so they live in one module.
@@ -474,12 +497,6 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
 MODEL_TYPE = "rove"  # config.json's model_type of a saved converted model
 STATE_KEY = "rove"  # config.json's key holding the RoVE state and the base model_type
 REMOTE_FILE = Path(__file__).with_name("modeling_rove.py")
-# files a Hugging Face save (model and tokenizer) writes: save_pretrained replaces only these
-_HF_FILES = re.compile(
-    r"(config|generation_config)\.json|model(-\d+-of-\d+)?\.safetensors"
-    r"|model\.safetensors\.index\.json|modeling_rove\.py|"
-    + "|".join(map(re.escape, TOKENIZER_FILES))
-)
 AUTO_MAP = {
     "AutoConfig": "modeling_rove.RoveConfig",
     "AutoModelForCausalLM": "modeling_rove.RoveForCausalLM",
@@ -542,31 +559,19 @@ def __getattr__(name: str) -> type:
     return _rove_config_class(base)
 
 
+SAVED_KIND = "Hugging Face model"  # what rove.atomic.save_folder records a model save as
+
+
 def save_model(model: Any, folder: str | Path, **kwargs: Any) -> Path:
     """``save_pretrained`` of a Hugging Face ``model`` (``kwargs`` passed on), atomic: ``folder``
-    holds the earlier save or this one, never half. Other files in it (a README.md of the
-    user's) are kept, as transformers' save keeps them; other folders are refused.
+    holds the earlier save or this one, never half. The files an earlier model save recorded
+    there are replaced; every other file (a tokenizer saved first, a README.md of the user's)
+    is kept, as transformers' save keeps them; other folders are refused.
     :func:`rove.hf.convert` makes it the converted model's ``save_pretrained``."""
     stock = type(model).save_pretrained  # transformers' own (the instance's is this function)
     return save_folder(
-        folder,
-        lambda tmp: stock(model, tmp, **kwargs),
-        saved_files,
-        "Hugging Face model",
-        keep_other_files=True,
+        folder, lambda tmp: stock(model, tmp, **kwargs), SAVED_KIND, keep_other_files=True
     )
-
-
-def saved_files(folder: Path) -> set[str]:
-    """Names of the files in ``folder`` that a Hugging Face save writes, rove's model card
-    included (a user's README.md is not one)."""
-    if not folder.is_dir():
-        return set()
-    return {
-        p.name
-        for p in folder.iterdir()
-        if p.is_file() and (_HF_FILES.fullmatch(p.name) or is_rove_card(p))
-    }
 
 
 def mark_config(config: Any, pos: HFPos) -> None:

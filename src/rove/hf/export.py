@@ -33,15 +33,14 @@ from safetensors import SafetensorError
 from rove import run_files
 from rove._version import __version__
 from rove.atomic import (
+    SAVE_MANIFEST,
     check_replaceable,
-    remove_temp_folders,
-    replace_folder,
+    recorded_files,
+    save_folder,
     write_json_atomic,
 )
-from rove.hf.conversion import current_pos
-from rove.hf.model_card import TrainingFacts, write_converted_card, write_export_card
+from rove.hf.model_card import TrainingFacts, write_export_card
 from rove.hf.tokenizer import TOKENIZER_FILES, portable_tokenizer_class
-from rove.lock import lock_folder
 from rove.model import GPT, GPTConfig
 from rove.rotary import convention_permutation
 from rove.terminal import (
@@ -61,7 +60,7 @@ AUTO_MAP = {
 }
 EXPORT_MANIFEST = "rove_export.json"  # the files rove wrote: a new export may replace them
 EXPORT_FORMAT = "rove-export"
-_TEMP_PREFIX = ".{}.tmp-"  # the export being written, beside its folder
+EXPORT_KIND = "export"  # what rove.atomic.save_folder records an export as
 
 
 def _full_heads(cfg: GPTConfig, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -241,7 +240,7 @@ def hf_model(model: GPT, *, remote_code: bool = False, max_positions: int | None
         raise ValueError(
             f"the model rotates V and O at a fraction {model.rove_fraction:g} of RoVE's angles "
             "(a checkpoint inside a smooth conversion's ramp): only plain RoVE is exported; "
-            "export the run's final checkpoint"
+            "continue its run past the end of the ramp and export a checkpoint from then"
         )
     scaled = cfg.rope_scaling is not None  # rove's modeling file computes it exactly
     if (
@@ -274,29 +273,24 @@ def export_model(
     ``facts`` (tokens, data, final loss) go into the model card of a remote-code export.
     The folder is written like a checkpoint: complete in a temp folder beside ``out_dir``, then
     swapped in whole, so ``out_dir`` holds the old export or the new one, never half of one (a
-    killed export's temp folder is removed by the next, under a lock beside ``out_dir``). It
-    must be new, empty or a rove export (never a folder holding other files, never a run folder).
+    killed export's temp folder is removed by the next, under a lock beside ``out_dir`` that is
+    gone afterwards; :func:`rove.atomic.save_folder`). It must be new, empty or a rove export
+    (never a folder holding other files, never a run folder).
     """
     out = Path(out_dir)
-    _check_target(out)  # before the work, and again under the lock
+    _check_target(out)  # before the work; save_folder checks again under the lock
     hf = hf_model(model, remote_code=remote_code, max_positions=max_positions)
-    with lock_folder(out.parent, f"export folder {out}", name=f".{out.name}.lock"):
-        _check_target(out)
-        remove_temp_folders(out.parent, _TEMP_PREFIX.format(out.name))  # killed exports'
 
-        def write(tmp: Path) -> None:
-            try:
-                _write_export(hf, model.config.vocab_size, tokenizer, tmp, facts)
-            except (OSError, SafetensorError) as err:
-                raise OSError(
-                    f"cannot write the export {out} ({err}); nothing was written there"
-                    + (" (the export it holds is unchanged)" if out.exists() else "")
-                ) from err
+    def write(tmp: Path) -> None:
+        try:
+            _write_export(hf, model.config.vocab_size, tokenizer, tmp, facts)
+        except (OSError, SafetensorError) as err:
+            raise OSError(
+                f"cannot write the export {out} ({err}); nothing was written there"
+                + (" (the export it holds is unchanged)" if out.exists() else "")
+            ) from err
 
-        replace_folder(
-            out, write, _export_files(out) or set(), prefix=_TEMP_PREFIX.format(out.name)
-        )
-    return out
+    return save_folder(out, write, EXPORT_KIND, owned=_export_files)
 
 
 def _write_export(
@@ -323,27 +317,27 @@ def _write_export(
         from rove.hf.tokenizer import save_hf_tokenizer
 
         save_hf_tokenizer(tokenizer, folder)
-    files = sorted(p.name for p in folder.iterdir())
+    files = sorted(p.name for p in folder.iterdir() if p.name != SAVE_MANIFEST)
     manifest = {"format": EXPORT_FORMAT, "rove_version": __version__, "files": files}
     write_json_atomic(folder / EXPORT_MANIFEST, manifest)
 
 
-def _export_files(folder: Path) -> set[str] | None:
-    """Names of the files of the rove export in ``folder`` (its manifest and the files it
-    lists), or None if ``folder`` holds no readable export manifest."""
+def _export_files(folder: Path) -> set[str]:
+    """Names of the files of the rove export in ``folder`` that its ``rove_export.json``
+    lists (the record of exports older than :func:`rove.atomic.recorded_files`'), or none."""
     try:
         manifest = json.loads((folder / EXPORT_MANIFEST).read_text(encoding="utf-8"))
         if manifest["format"] == EXPORT_FORMAT:
             return {EXPORT_MANIFEST, *(str(name) for name in manifest["files"])}
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    return None
+    return set()
 
 
 def _check_target(out: Path) -> None:
     """Refuse to write ``out`` in or over a run folder, or over files rove did not write."""
     _check_outside_runs(out)
-    check_replaceable(out, _export_files(out), "export")
+    check_replaceable(out, recorded_files(out, EXPORT_KIND) | _export_files(out), EXPORT_KIND)
 
 
 def _check_outside_runs(out: Path) -> None:
@@ -377,16 +371,14 @@ def export_run(
     from rove.hf.causal_lm import HFCausalLM
 
     model, meta = load_any_model(run_dir)
+    _check_past_ramp(meta)
     tokenizer = checkpoint_tokenizer(meta, f"checkpoint {run_dir}")
     facts = TrainingFacts.from_checkpoint(meta)
     if isinstance(model, HFCausalLM):
         _check_outside_runs(Path(out_dir))
         files = _TokenizerFiles(Path(getattr(tokenizer, "path", "")).parent)
         with no_progress_bars():
-            out = model.save_pretrained(out_dir, tokenizer=files)
-        if current_pos(model.hf) == "rove":  # the save's card, with what the run knows
-            write_converted_card(out, model.hf.config, model.hf.config.model_type, facts)
-        return out
+            return model.save_pretrained(out_dir, tokenizer=files, facts=facts)
     return export_model(
         model,
         out_dir,
@@ -395,6 +387,23 @@ def export_run(
         max_positions=max_positions,
         facts=facts,
     )
+
+
+def _check_past_ramp(meta: dict) -> None:
+    """Refuse, in a command-line user's words, a checkpoint taken inside a smooth conversion's
+    ramp: neither RoPE nor RoVE, it has no exported form, and the run's latest checkpoint is
+    such a one when the run stopped in its ramp."""
+    from rove.checkpoint import ramp_fraction
+
+    fraction = ramp_fraction(meta)
+    if fraction < 1:
+        ramp = meta["train_config"]["ramp_steps"]
+        raise ValueError(
+            f"{meta['checkpoint']}: taken at step {meta['step']} of a {ramp}-step ramp (the "
+            f"smooth conversion; V and O at {fraction:.3g} of RoVE's angles), neither RoPE nor "
+            "RoVE: only plain RoVE is exported. Resume the run (the command that started it, "
+            f"with --resume) to the end of its ramp, step {ramp} or later, then export it"
+        )
 
 
 class _TokenizerFiles:

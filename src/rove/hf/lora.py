@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,8 +49,8 @@ class LoraSpec:
             raise ValueError(f"LoRA rank must be a positive int, got {self.rank!r}")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)):
             raise ValueError(f"LoRA alpha must be a number, got {self.alpha!r}")
-        if self.alpha <= 0:
-            raise ValueError(f"LoRA alpha must be > 0, got {self.alpha!r}")
+        if not (math.isfinite(self.alpha) and self.alpha > 0):  # nan would train to nan
+            raise ValueError(f"LoRA alpha must be a finite number > 0, got {self.alpha!r}")
         targets = tuple(self.targets)
         if not targets or not all(isinstance(t, str) and t for t in targets):
             raise ValueError(f"LoRA targets must be module names, got {self.targets!r}")
@@ -72,7 +73,9 @@ class LoraSpec:
 def add_lora(model: nn.Module, spec: LoraSpec) -> Any:
     """``model`` (a transformers model, converted or not) wrapped in a PEFT LoRA of ``spec``:
     its own weights frozen, the adapter's ``B`` zero, so the function is unchanged until it
-    trains. RoVE's hooks follow the LoRA layers (:mod:`rove.hf.adapter`)."""
+    trains. RoVE's hooks follow the LoRA layers (:mod:`rove.hf.adapter`). PEFT puts its
+    layers into ``model`` itself (``model`` is the wrapper's base, not a copy); its config is
+    left as it is, so a twin model sharing that config object is untouched."""
     with needs_extra("lora", "LoRA (rove finetune --lora)"):
         import peft
 

@@ -71,6 +71,7 @@ from rove.train.setup import (
     Progress,
     Run,
     build_run,
+    carry_tokenizer,
     compile_and_wrap,
     configure_optimizer,
     prepare_run_data,
@@ -231,7 +232,13 @@ def evaluate(
 
 
 # ---------------------------------------------------------------------------- train
-def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> Path:
+def train(
+    cfg: TrainConfig,
+    *,
+    progress: bool = True,
+    resume: bool = False,
+    allow_dtype_change: bool = False,
+) -> Path:
     """Train a model as ``cfg`` says and return the run directory.
 
     ``resume=True`` continues from the run directory's newest good checkpoint (or starts
@@ -242,7 +249,9 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
     Raises ``FolderLockedError`` if another process trains into the same run folder, and
     ``TrainingInterrupted`` after saving a checkpoint when SIGTERM or SIGINT arrives.
     A resumed run takes what ``cfg`` leaves unset, its precision included, from its own
-    recipe (:func:`~rove.train.setup.replay_recipe`).
+    recipe (:func:`~rove.train.setup.replay_recipe`). Another precision than its checkpoint's
+    is refused unless ``allow_dtype_change``: then the run continues in ``cfg.dtype`` with its
+    optimizer state and schedule, and the change is recorded in its recipe and metrics.
     """
     stop = StopOnSignal()
     stop.install()  # first: a signal during start-up says what was kept
@@ -255,7 +264,14 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
         new = not run_dir.exists()
         try:
             with run_lock(run_dir, info):
-                return _train(cfg, info, stop, progress=progress, resume=resume)
+                return _train(
+                    cfg,
+                    info,
+                    stop,
+                    progress=progress,
+                    resume=resume,
+                    allow_dtype_change=allow_dtype_change,
+                )
         except BaseException:
             if new and info.is_main:  # refused or stopped before writing: leave no folder
                 remove_empty_run(run_dir)
@@ -267,7 +283,13 @@ def train(cfg: TrainConfig, *, progress: bool = True, resume: bool = False) -> P
 
 
 def _train(
-    cfg: ResolvedTrainConfig, info: DistInfo, stop: StopOnSignal, *, progress: bool, resume: bool
+    cfg: ResolvedTrainConfig,
+    info: DistInfo,
+    stop: StopOnSignal,
+    *,
+    progress: bool,
+    resume: bool,
+    allow_dtype_change: bool,
 ) -> Path:
     """:func:`train` inside the run folder's lock, as a sequence of steps.
 
@@ -280,9 +302,12 @@ def _train(
     run_dir = Path(cfg.out_dir) / cfg.run_name
     if info.is_main:
         remove_leftovers(run_dir)
-    ckpt = start_point(run_dir, cfg, resume)
+    ckpt = start_point(run_dir, cfg, resume, allow_dtype_change)
     stop.checkpoint = ckpt.path if ckpt is not None else None
-    data = prepare_run_data(cfg, info, progress)
+    if info.is_main:
+        carry_tokenizer(run_dir, cfg.tokenizer)
+    barrier(info)  # every rank reads the run's copy
+    data = prepare_run_data(cfg, info, progress, run_dir)
     run = build_run(cfg, info, run_dir, data, grad_accum, ckpt, started)
     state = resume_state(run, ckpt) if ckpt is not None else Progress()
     del ckpt  # restored: free its copy of the weights and optimizer state before training
@@ -414,6 +439,9 @@ def _take_step(run: Run, state: Progress, model: torch.nn.Module) -> dict[str, f
         "dt_ms": 1000 * dt,
         "tok_per_s": tok_s,
     }
+    change = run.dtype_changes[-1] if run.dtype_changes else None
+    if change is not None and change["step"] == step == state.first_step:  # this session's
+        record["dtype_change"] = f"{change['from']} -> {change['to']}"  # type: ignore[assignment]
     util = mfu(run.flops_per_token, tok_s / run.info.world_size, run.peak_flops)
     if util is not None:
         record["mfu"] = util

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import random
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,12 @@ import numpy as np
 import torch
 
 from rove import run_files
-from rove.atomic import remove_temp_files, write_json_atomic
+from rove.atomic import (
+    remove_temp_files,
+    remove_temp_folders,
+    replace_folder,
+    write_json_atomic,
+)
 from rove.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -39,8 +45,10 @@ from rove.data import (
     load_manifest,
     load_split_tokens,
     prepare_dataset,
+    run_tokenizer,
 )
 from rove.data.prepare import DEFAULT_VAL_FRACTION, MANIFEST_NAME
+from rove.data.tokenizers import HFTokenizer
 from rove.hf.any_model import model_from_config
 from rove.lock import LOCK_FILE, FolderLock, FolderLockedError, acquire
 from rove.model import GPT, GPTConfig
@@ -78,6 +86,7 @@ __all__ = [
     "Run",
     "RunData",
     "build_run",
+    "carry_tokenizer",
     "compile_and_wrap",
     "configure_optimizer",
     "prepare_run_data",
@@ -122,18 +131,22 @@ def _split_settings(cfg: ResolvedTrainConfig) -> dict:
     return {"max_tokens": cfg.data_max_tokens, "val_fraction": fraction}
 
 
-def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> tuple[Path, dict]:
+def _prepare_data(
+    cfg: ResolvedTrainConfig, info: DistInfo, progress: bool, run_dir: Path
+) -> tuple[Path, dict]:
     """(data folder, tokenizer identity); the data is prepared if it is not there yet.
 
     A given ``data_dir`` with a manifest is used as is. Under torchrun the data must exist
-    beforehand: preparing FineWeb-Edu takes far longer than a collective's timeout.
+    beforehand: preparing FineWeb-Edu takes far longer than a collective's timeout. The
+    tokenizer is the run's own copy where it has one (:func:`rove.data.run_tokenizer`).
     """
-    tok = get_tokenizer(cfg.tokenizer)
+    tokenizer = run_tokenizer(cfg.tokenizer, run_dir, f"run {run_dir}")
+    tok = get_tokenizer(tokenizer)
     explicit = cfg.data_dir is not None
     data_dir = (
         Path(cfg.data_dir)
         if cfg.data_dir is not None
-        else default_data_dir(cfg.data, cfg.tokenizer, **_split_settings(cfg))
+        else default_data_dir(cfg.data, tokenizer, **_split_settings(cfg))
     )
     prepared = (data_dir / MANIFEST_NAME).is_file()
     if info.distributed and not prepared:
@@ -151,7 +164,7 @@ def _prepare_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> t
         prepare_dataset(
             cfg.data,
             data_dir,
-            cfg.tokenizer,
+            tokenizer,
             **_split_settings(cfg),
             workers=1
             if cfg.tokenizer == "byte"
@@ -213,7 +226,7 @@ def replay_recipe(cfg: TrainConfig) -> TrainConfig:
     return TrainConfig.from_dict(values)
 
 
-def _resume_point(run_dir: Path, cfg: TrainConfig) -> Checkpoint | None:
+def _resume_point(run_dir: Path, cfg: TrainConfig, allow_dtype_change: bool) -> Checkpoint | None:
     """The checkpoint to resume from, checked against ``cfg`` before any data is prepared."""
     ckpt = resume_checkpoint(run_dir)
     if ckpt is None:
@@ -223,22 +236,50 @@ def _resume_point(run_dir: Path, cfg: TrainConfig) -> Checkpoint | None:
     if not isinstance(ckpt.meta.get("loader"), dict) or not ckpt.meta.get("rng"):
         raise CheckpointError(f"{ckpt.path}: not a training checkpoint (no loader/RNG state)")
     stored = legacy_precision(ckpt.meta["train_config"], cfg.dtype)
-    _check_resumable(stored, cfg.to_dict(), ckpt.path)
+    _check_resumable(stored, cfg.to_dict(), ckpt.path, allow_dtype_change)
     return ckpt
 
 
-def _check_resumable(stored: dict, current: dict, where: Path) -> None:
+def _check_resumable(
+    stored: dict, current: dict, where: Path, allow_dtype_change: bool = False
+) -> None:
+    allowed = (*RESUMABLE_CHANGES, "dtype") if allow_dtype_change else RESUMABLE_CHANGES
     changed = sorted(
         k
         for k in set(stored) | set(current)
-        if k not in RESUMABLE_CHANGES and stored.get(k) != current.get(k)
+        if k not in allowed and stored.get(k) != current.get(k)
     )
     if changed:
         details = ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in changed)
         raise ValueError(
             f"cannot resume {where}: the config differs in {details}; only "
             f"{', '.join(RESUMABLE_CHANGES)} may change on resume"
+            + (_DTYPE_HINT.format(**current) if "dtype" in changed else "")
         )
+
+
+# What a refused precision change says: how to make it, and why one would.
+_DTYPE_HINT = (
+    "; to continue the run in {dtype} (its optimizer state and schedule carry over, the "
+    "change is recorded in its recipe and metrics) add --allow-dtype-change. A bf16 run "
+    "kept in bf16 on a CPU without native bf16 runs emulated, about 3x (nano) to 11x (tiny) "
+    "slower per step than fp32"
+)
+
+
+def _dtype_changes(run_dir: Path, cfg: ResolvedTrainConfig, ckpt: Checkpoint | None) -> tuple:
+    """The run's precision changes: those its recipe recorded before ``ckpt``'s step (a later
+    one did not survive), and this session's, where it resumes in another precision than
+    ``ckpt`` was taken in."""
+    if ckpt is None:
+        return ()
+    step = int(ckpt.meta["step"])
+    recorded = (_recorded_recipe(run_dir) or {}).get("dtype_changes") or []
+    changes = [c for c in recorded if isinstance(c, dict) and c.get("step", step) < step]
+    before = legacy_precision(ckpt.meta["train_config"], cfg.dtype)["dtype"]
+    if before != cfg.dtype:
+        changes.append({"step": step, "from": before, "to": cfg.dtype})
+    return tuple(changes)
 
 
 def _seed_everything(seed: int) -> None:
@@ -274,6 +315,8 @@ class Run:
     flops_per_token: float
     peak_flops: float | None  # None: MFU is not reported
     started: float  # perf_counter() when the call began: wall time and log lines count from it
+    # the precision changes of the run so far, {"step", "from", "to"} (--allow-dtype-change)
+    dtype_changes: tuple[dict, ...] = ()
 
     def cpu_twin(self) -> tuple[GPT | HFCausalLM, torch.optim.Optimizer]:
         """An unsharded CPU model and optimizer: FSDP state is gathered into it to be saved."""
@@ -305,25 +348,64 @@ def remove_leftovers(run_dir: Path) -> None:
     ]
     if removed:
         log.warning("removed what an interrupted run left: %s", ", ".join(map(str, removed)))
+    if run_dir.is_dir():
+        remove_temp_folders(run_dir, _TOKENIZER_TEMP)  # a killed carry_tokenizer's (marked)
+
+
+_TOKENIZER_TEMP = f".{run_files.TOKENIZER}.tmp-"
+
+
+def carry_tokenizer(run_dir: Path, tokenizer: str) -> None:
+    """Copy the files of the run's ``hf:`` tokenizer (``tokenizer.json``, its config, chat
+    template ...) into the run folder (``<run_dir>/tokenizer``), once: when the run starts, or
+    when a run started before runs did this resumes with its source still there.
+
+    Why: they are small, and they are all that resume, evaluation and export would otherwise
+    read from a Hugging Face or GGUF source, which is often moved or deleted once a finetune
+    has its own checkpoints. The copy is written whole or not at all.
+    """
+    from rove.hf.tokenizer import TOKENIZER_FILES
+
+    if (run_dir / run_files.TOKENIZER).exists():
+        return
+    name = run_tokenizer(tokenizer, run_dir, f"run {run_dir}")  # a gone source: named
+    tok = get_tokenizer(name)
+    if not isinstance(tok, HFTokenizer):
+        return
+    folder = tok.path.parent
+
+    def write(tmp: Path) -> None:
+        for file in TOKENIZER_FILES:
+            if (folder / file).is_file():
+                shutil.copyfile(folder / file, tmp / file)
+
+    replace_folder(
+        run_dir / run_files.TOKENIZER, write, set(), prefix=_TOKENIZER_TEMP, what="tokenizer"
+    )
 
 
 def remove_empty_run(run_dir: Path) -> None:
-    """Delete ``run_dir`` if it holds nothing but its lock file: a run this process started
-    that was refused (or stopped) before writing anything leaves no folder behind."""
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {LOCK_FILE}:
+    """Delete ``run_dir`` if it holds nothing but its lock file and the tokenizer it carries:
+    a run this process started that was refused (or stopped) before writing anything leaves
+    no folder behind."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {LOCK_FILE, run_files.TOKENIZER}:
+        shutil.rmtree(run_dir / run_files.TOKENIZER, ignore_errors=True)
         (run_dir / LOCK_FILE).unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # something appeared meanwhile: keep it
             run_dir.rmdir()
 
 
-def start_point(run_dir: Path, cfg: TrainConfig, resume: bool) -> Checkpoint | None:
+def start_point(
+    run_dir: Path, cfg: TrainConfig, resume: bool, allow_dtype_change: bool = False
+) -> Checkpoint | None:
     """The checkpoint to resume from, or None to start at step 0.
 
     Checked before any data is prepared (hours at scale); without ``resume`` a run folder
-    that already holds a run is refused rather than overwritten.
+    that already holds a run is refused rather than overwritten. ``allow_dtype_change``: a
+    resume may continue in another precision than the checkpoint's.
     """
     if resume:
-        return _resume_point(run_dir, cfg)
+        return _resume_point(run_dir, cfg, allow_dtype_change)
     if (run_dir / run_files.CHECKPOINTS).exists() or (run_dir / run_files.METRICS).exists():
         raise FileExistsError(
             f"{run_dir} already holds a run; resume it (resume=True, --resume) or choose "
@@ -332,10 +414,12 @@ def start_point(run_dir: Path, cfg: TrainConfig, resume: bool) -> Checkpoint | N
     return None
 
 
-def prepare_run_data(cfg: ResolvedTrainConfig, info: DistInfo, progress: bool) -> RunData:
+def prepare_run_data(
+    cfg: ResolvedTrainConfig, info: DistInfo, progress: bool, run_dir: Path
+) -> RunData:
     """The run's data, prepared if need be. Its fixed val windows are built now, so a split
     too short for one fails before training, not at the first validation (maybe the last)."""
-    data_dir, tokenizer = _prepare_data(cfg, info, progress)
+    data_dir, tokenizer = _prepare_data(cfg, info, progress, run_dir)
     identity = data_identity(data_dir)
     TokenLoader(data_dir, "val", cfg.micro_batch, cfg.seq_len, world_size=info.world_size)
     return RunData(data_dir, identity, tokenizer)
@@ -409,6 +493,7 @@ def build_run(
         flops_per_token=raw.flops_per_token(cfg.seq_len),
         peak_flops=peak_bf16_flops(info.device) if amp is not None else None,
         started=started,
+        dtype_changes=_dtype_changes(run_dir, cfg, ckpt),
     )
 
 
@@ -498,5 +583,6 @@ def write_recipe(run: Run) -> None:
                 "transfer": _transfer_report(run),
                 "world_size": run.info.world_size,
                 "grad_accum": run.grad_accum,
+                **({"dtype_changes": list(run.dtype_changes)} if run.dtype_changes else {}),
             },
         )

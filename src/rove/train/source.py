@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 
 from rove import run_files
-from rove.functional import ROTARY_POS, conversion_fraction
+from rove.functional import ROTARY_POS
 from rove.model import GPT
 from rove.rotary import Scaling, scaling_on_top
 
@@ -99,9 +99,14 @@ class SourceModel:
 def source_name(path: str | Path) -> str:
     """A source's short name from its path alone (a finetune's run folder is named after it):
     a checkpoint folder's run, else the folder's own name; a resumed finetune names its run
-    folder by it even where the source is gone."""
+    folder by it even where the source is gone. A GGUF file's is its stem, as
+    :func:`read_source` names it (``--resume`` found no recipe under the file's full name)."""
+    from rove.gguf import is_gguf
+
     root = Path(path).expanduser().resolve()
-    return root.parent.parent.name if root.parent.name == run_files.CHECKPOINTS else root.name
+    if root.parent.name == run_files.CHECKPOINTS:
+        return root.parent.parent.name
+    return root.stem if is_gguf(root) else root.name
 
 
 def source_missing(path: str | Path | None) -> bool:
@@ -187,10 +192,9 @@ def _check_not_mid_ramp(meta: dict, where: Path) -> None:
     """A checkpoint taken inside a smooth conversion's ramp holds a model between RoPE and RoVE
     (V/O at a fraction of RoVE's angles), which neither arm of a new finetune continues: read
     as RoPE or RoVE, its function would jump."""
-    train = meta.get("train_config") or {}
-    if train.get("conversion") != "smooth" or not isinstance(meta.get("step"), int):
-        return
-    fraction = conversion_fraction(meta["step"], int(train["ramp_steps"]))
+    from rove.checkpoint import ramp_fraction
+
+    fraction, train = ramp_fraction(meta), meta.get("train_config") or {}
     if fraction < 1:
         raise ValueError(
             f"init_from {where}: a checkpoint inside its run's smooth conversion (step "
