@@ -49,6 +49,7 @@ import torch
 import rove.hf
 from harness import add_record_arguments, append_results, machine, set_threads
 from rove.gguf import gguf_folder
+from rove.train.source import TRANSFER_TOKENS
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LICENSES = Path("/usr/share/common-licenses")
@@ -378,7 +379,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=6)
     parser.add_argument("--val-windows", type=int, default=8, help="held-out windows of seq-len")
     parser.add_argument(
-        "--transfer-windows", type=int, default=8, help="transfer arms: calibration windows"
+        "--transfer-tokens",
+        type=int,
+        default=TRANSFER_TOKENS,
+        help="transfer arms: calibration tokens, in whole windows of --seq-len (rove finetune's)",
     )
     parser.add_argument("--distill", type=float, default=1.0, help="transfer-kd: the KL's weight")
     parser.add_argument("--band-windows", type=int, default=2, help="held-out windows of 2048")
@@ -465,7 +469,8 @@ def main(argv: list[str] | None = None) -> None:
             return batches(train_stream, args.batch, args.seq_len, args.seed)
 
         model.train()
-        calib = calibration(train_stream, args.seq_len, args.transfer_windows, args.seed)
+        windows = max(1, args.transfer_tokens // args.seq_len)
+        calib = calibration(train_stream, args.seq_len, windows, args.seed)
         results[arm] = run_arm(arm, model, state, train, val, args, calib, long)
         if results[arm]["converted"] is not None:
             conversion[f"{arm} RoVE"] = results[arm]["converted"]

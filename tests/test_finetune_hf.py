@@ -228,7 +228,7 @@ def test_the_transfer_conversion_starts_closer_and_resumes_bit_for_bit(llama, ll
     recipe = json.loads((run_dir / run_files.RECIPE).read_text())
     assert recipe["train"]["conversion"] == "transfer"
     report = recipe["transfer"]
-    assert report["tokens"] == 8192 and len(report["refit_error"]) == 2
+    assert report["tokens"] == 4096 and len(report["refit_error"]) == 2
     model, _ = load_any_model(run_dir)
     assert model.config.pos == "rove" and model.rove_fraction == 1.0
 

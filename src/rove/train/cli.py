@@ -131,7 +131,7 @@ def build_parser(
         choices=CONVERSIONS,
         help="a finetune of a RoPE model as RoVE only: transfer (Hugging Face models) fits RoVE "
         "to the model before step 0 (values aligned with the slow rotary pairs, output "
-        "projections refit, from its activations on 8192 training tokens), then trains exact "
+        "projections refit, from its activations on 4096 training tokens), then trains exact "
         "RoVE; smooth (default) ramps the V/O rotations from none of RoVE's angles (the model as "
         "it is) to all of them over --ramp-steps, so both arms start equal; hard converts at "
         "step 0",

@@ -56,8 +56,9 @@ SourceKind = Literal["checkpoint", "hf"]
 # their angles (the model starts as its source's function), "hard" switches at step 0
 CONVERSIONS: tuple[str, ...] = ("transfer", "smooth", "hard")
 # calibration tokens the transfer reads from the training split (whole windows of the run's
-# context, at least one): what it was measured with (benchmarks/bench_retrofit.py)
-TRANSFER_TOKENS = 8192
+# context, at least one): what it was measured with (benchmarks/bench_retrofit.py: 8 windows
+# of 512 tokens; the probes in benchmarks/RESULTS.md found 4096 no worse than 8192)
+TRANSFER_TOKENS = 4096
 
 
 @dataclass(frozen=True)
