@@ -9,6 +9,7 @@ converter writes them. F32 tensors, so the dequantised model must equal the sour
 from __future__ import annotations
 
 import re
+import shutil
 import struct
 import textwrap
 from pathlib import Path
@@ -400,3 +401,56 @@ def test_a_gguf_finetune_resumes_and_exports_without_its_file_and_cache(
     assert (out / "tokenizer.json").read_bytes() == (
         run / "tokenizer" / "tokenizer.json"
     ).read_bytes()
+
+
+def test_a_changed_cache_entry_is_written_again(gguf_file, tmp_path, monkeypatch):
+    """The cache records the sha256 of every file it wrote: a flipped byte in the cached
+    weights (or a file removed) makes the next use write the entry again, not train on it."""
+    path, source = gguf_file
+    monkeypatch.setenv("ROVE_GGUF_DIR", str(tmp_path / "cache"))
+    folder = gguf_folder(path)
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF  # a byte of the last tensor
+    weights.write_bytes(bytes(data))
+    assert gguf_folder(path) == folder
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    assert torch.equal(_logits(model), _logits(source))
+    (folder / "tokenizer.json").unlink()
+    assert (gguf_folder(path) / "tokenizer.json").is_file()
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no leftovers
+
+
+def test_a_killed_conversion_leaves_nothing_and_a_full_disk_is_one_line(
+    gguf_file, tmp_path, monkeypatch
+):
+    import errno
+
+    from rove.atomic import mark_temp_folder
+
+    path, _ = gguf_file
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ROVE_GGUF_DIR", str(cache))
+    entry = gguf_folder(path)
+    shutil.rmtree(entry)
+    killed = cache / f".{entry.name}-x1y2"  # what a conversion killed half-way leaves
+    killed.mkdir()
+    mark_temp_folder(killed, "GGUF cache entry")
+    (killed / "model.safetensors").write_bytes(b"half")
+    mine = cache / f".{entry.name}-mine"  # a user's folder of a like name: not rove's
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert gguf_folder(path) == entry
+    assert not killed.exists() and mine.is_dir()
+
+    shutil.rmtree(entry)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", full)
+    with pytest.raises(ValueError, match="no space left") as err:
+        gguf_folder(path)
+    assert str(path) in str(err.value) and "ROVE_GGUF_DIR" in str(err.value)
+    assert "\n" not in str(err.value)
+    assert sorted(p.name for p in cache.iterdir()) == [mine.name]  # the temp folder went too

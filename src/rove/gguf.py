@@ -25,12 +25,16 @@ Needs the ``gguf`` package (rove's ``gguf`` extra).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
 import mmap
 import os
 import struct
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -260,23 +264,109 @@ def gguf_folder(path: str | Path) -> Path:
     """The Hugging Face folder (config, weights, tokenizer) of the GGUF file ``path``, written
     on first use into the cache as ``<name>-<fp12>``, where ``fp12`` names the file's path, size
     and modification time (a changed file gets a new folder). Written whole or not at all
-    (:func:`rove.atomic.replace_folder`), so a folder that exists is complete."""
-    from rove.atomic import replace_folder
-
+    (:func:`rove.atomic.replace_folder`) under a lock, so a folder that exists is complete; its
+    record (:data:`SOURCE_FILE`) holds the sha256 of every file written, checked at each use:
+    a cached folder whose files changed since (a flipped byte, a file removed) is written
+    again. A killed conversion's temp folder is removed by the next one; a full disk is one
+    line naming the cache and ``ROVE_GGUF_DIR``."""
     path = _checked(path)
     stat = path.stat()
     identity = {"gguf": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     fingerprint = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     folder = _cache_root().expanduser() / f"{path.stem}-{fingerprint[:12]}"
-    if (folder / SOURCE_FILE).is_file():
+    if _cached(folder, identity):
         return folder
-    written: set[str] = set()  # filled by write(): the files of a folder a racing writer made
+    with _cache_lock(folder):
+        if _cached(folder, identity):  # another process wrote it while this one waited
+            return folder
+        return _dequantise(path, folder, identity)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _cached(folder: Path, identity: dict) -> bool:
+    """Whether ``folder`` holds what this GGUF file's conversion wrote, byte for byte."""
+    try:
+        record = json.loads((folder / SOURCE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    files = record.get("sha256") if isinstance(record, dict) else None
+    if {k: record.get(k) for k in identity} != identity or not isinstance(files, dict):
+        return False  # another file's, or written by a rove that recorded no checksums
+    for name, digest in files.items():
+        file = folder / name
+        if not file.is_file() or _sha256(file) != digest:
+            log.warning("%s changed since it was written (%s): writing it again", folder, name)
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _cache_lock(folder: Path) -> Iterator[None]:
+    """Hold the lock of one cache entry, waiting for another process that holds it (ranks of a
+    distributed run converting the same file); under it, a killed conversion's temp folders
+    are removed."""
+    from rove.atomic import remove_temp_folders
+    from rove.lock import FolderLockedError, acquire
+
+    while True:
+        try:
+            lock = acquire(
+                folder.parent,
+                f"GGUF cache entry {folder}",
+                name=f".{folder.name}.lock",
+                remove=True,
+            )
+            break
+        except FolderLockedError:
+            time.sleep(1.0)
+    try:
+        remove_temp_folders(folder.parent, f".{folder.name}-")
+        yield
+    finally:
+        lock.release()
+
+
+def _dequantise(path: Path, folder: Path, identity: dict) -> Path:
+    from safetensors import SafetensorError
+
+    from rove.atomic import replace_folder
 
     def write(tmp: Path) -> None:
         log.info("dequantising %s into %s (once)", path, folder)
         load_gguf_model(path).save_pretrained(tmp)
         load_gguf_tokenizer(path).save_pretrained(tmp)
-        (tmp / SOURCE_FILE).write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
-        written.update(p.name for p in tmp.iterdir())
+        sums = {
+            p.name: _sha256(p)
+            for p in sorted(tmp.iterdir())
+            if p.is_file() and not p.name.startswith(".")
+        }
+        record = {**identity, "sha256": sums}
+        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
-    return replace_folder(folder, write, written, prefix=f".{path.stem}-")
+    try:
+        # the entry is rove's cache, not a user's folder: a stale one is replaced whole
+        stale = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+        return replace_folder(
+            folder, write, stale, prefix=f".{folder.name}-", what="GGUF cache entry"
+        )
+    except (OSError, SafetensorError) as err:
+        if (
+            isinstance(err, OSError)
+            and err.errno != errno.ENOSPC
+            and "No space left" not in str(err)
+        ):
+            raise
+        if isinstance(err, SafetensorError) and "No space left" not in str(err):
+            raise
+        raise ValueError(
+            f"{path}: no space left on the device of {folder.parent} to dequantise it into "
+            f"(about {4 * identity['size'] // 2**20:,} MiB or more at fp32 for a 4-bit file); "
+            "free some, or set ROVE_GGUF_DIR to a folder with room"
+        ) from None
