@@ -71,11 +71,12 @@ def test_both_arms_train_evaluate_and_the_rove_arm_saves_as_rove(llama, llama_da
 
     curves = {}
     for pos in ("rope", "rove"):
-        run_dir = train(finetune(llama, llama_data, tmp_path, pos=pos), progress=False)
+        cfg = finetune(llama, llama_data, tmp_path, pos=pos, conversion="smooth")
+        run_dir = train(cfg, progress=False)
         assert run_dir.name == f"tiny-llama-{pos}-seed0"
         curves[pos] = {r["step"]: r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r}
         assert sorted(curves[pos]) == list(range(9))  # validation every tenth, at least 1 step
-    # smooth by default: the RoVE arm starts as the stock model, and ends as plain RoVE
+    # smooth: the RoVE arm starts as the stock model, and ends as plain RoVE
     assert curves["rove"][0] == curves["rope"][0]
     for pos, curve in curves.items():
         assert curve[8] < curve[0], pos
@@ -201,7 +202,7 @@ def test_the_readme_command_runs_as_written(llama, llama_data):
         assert (arm.seq_len, arm.tokens_per_step) == (512, 8192)  # the recipe's tokens
         assert arm.grad_accum_steps() * arm.micro_batch * 512 == 8192  # fewer rows, no refusal
         assert (arm.conversion, arm.ramp_steps) == (
-            ("smooth", 50) if pos == "rove" else (None, None)
+            ("transfer", None) if pos == "rove" else (None, None)
         )
 
 
@@ -244,6 +245,15 @@ def test_the_transfer_conversion_starts_closer_and_resumes_bit_for_bit(llama, ll
     assert_same_run(resumed, run_dir)
     assert json.loads((resumed / run_files.RECIPE).read_text())["transfer"] == first
     assert {**first, "seconds": 0} == {**report, "seconds": 0}
+
+
+def test_the_default_conversion_follows_the_measurement(llama, llama_data, tmp_path):
+    """transfer for a Hugging Face model trained whole, smooth with a LoRA adapter (whose saved
+    base is the source) and for a rove run (tests/test_finetune.py)."""
+    whole = finetune(llama, llama_data, tmp_path, pos="rove").resolve()
+    assert (whole.conversion, whole.ramp_steps) == ("transfer", None)
+    adapter = finetune(llama, llama_data, tmp_path, pos="rove", lora_rank=4).resolve()
+    assert (adapter.conversion, adapter.ramp_steps) == ("smooth", 1)
 
 
 def test_the_transfer_conversion_is_refused_where_it_does_not_apply(llama, llama_data, tmp_path):

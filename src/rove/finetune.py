@@ -14,11 +14,15 @@ folder, :mod:`rove.gguf`). The run is ``rove train`` with ``init_from=MODEL``
 (:mod:`rove.train.source`): the same flags, ``--config``, resume, checkpoints and signals; a
 rove model continues with its own recipe unless a flag changes it, and ``--max-steps`` (or
 ``--token-budget``) is how long. ``--pos rove`` converts the model (no new parameters, the V/O
-rotations change its function), ``--pos rope`` continues it unchanged. A RoPE model becomes
-RoVE smoothly by default (``--conversion smooth``): V and O rotate by a fraction a of RoVE's
-angles, ramped linearly from 0 (exactly the source's function, no step-0 spike) to 1 (exactly
-RoVE) over ``--ramp-steps`` (a tenth of the run); every run ends, and is saved, as plain RoVE.
-``--conversion hard`` switches at step 0.
+rotations change its function), ``--pos rope`` continues it unchanged. A RoPE Hugging Face
+model trained whole becomes RoVE fitted to itself by default (``--conversion transfer``,
+:func:`rove.hf.transfer`: values aligned with the slow rotary pairs and output projections
+refit, in closed form from its activations on a few thousand training tokens, then exact RoVE
+from step 0; measured to start and end closest to the control). A rove run, a LoRA finetune or
+a fused-projection architecture converts smoothly by default (``--conversion smooth``): V and O
+rotate by a fraction a of RoVE's angles, ramped linearly from 0 (exactly the source's function)
+to 1 (exactly RoVE) over ``--ramp-steps`` (a tenth of the run). ``--conversion hard`` switches
+at step 0. Every run ends, and is saved, as plain RoVE.
 
 ``--compare`` is the fair experiment: both arms over ``--seeds``, each pair with the same
 tokens, data order, learning-rate schedule and steps, evaluated and reported by

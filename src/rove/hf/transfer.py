@@ -26,7 +26,9 @@ model, so what is saved, exported and evaluated is exact RoVE with new weights.
 Measured on SmolLM2-135M (``benchmarks/bench_retrofit.py``, README "Retrofit"): the alignment
 alone takes the conversion's cost from +1.15 to +0.21 nats on held-out 1024-token windows, the
 refit to +0.14; a gradient transfer of W_V and W_O (LoLCATs-style, 30 Adam steps a layer)
-after the alignment did not improve on the alignment alone, at ten times the cost.
+after the alignment did not improve on the alignment alone, at ten times the cost, nor did a
+sequential refit (each layer on the converted model's own inputs) improve on the teacher-forced
+one, at nine times the cost (benchmarks/RESULTS.md, 2026-12-04).
 
 References: LoLCATs (arXiv 2410.10254) fits a new attention to each layer's original output
 before any end-to-end training; MOHAWK (arXiv 2408.10189) aligns matrices, then hidden states.
@@ -35,12 +37,12 @@ before any end-to-end training; MOHAWK (arXiv 2408.10189) aligns matrices, then 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from rove.hf.conversion import (
     _LAYOUTS,
@@ -177,36 +179,43 @@ def _align_layer(
     return before / n_kv, after / n_kv
 
 
+def _teacher_forced(module: nn.Module, output: nn.Module, record: _LayerRecord) -> Iterator[Tensor]:
+    """The layer's RoVE attention output (the out-projection's input) on its source's inputs,
+    call by call."""
+    got: list[Tensor] = []
+    handle = output.register_forward_pre_hook(lambda _, args: got.append(args[0].detach()))
+    try:
+        for kwargs, _target in record.calls:
+            got.clear()
+            module(**kwargs)
+            yield got[-1]
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
 def _refit_output(
-    module: nn.Module, record: _LayerRecord, output: nn.Linear, ridge: float
+    output: nn.Linear, inputs: Iterator[Tensor], targets: list[Tensor], ridge: float
 ) -> tuple[float, float]:
-    """``W_O`` as the ridge least-squares map from the (now RoVE) layer's attention output,
-    on the source's inputs, to the source layer's output; the relative error before and after."""
+    """``W_O`` as the ridge least-squares map from the (now RoVE) layer's attention outputs
+    ``inputs`` to its source layer's outputs ``targets``; the relative error before and after."""
     width = output.in_features
     gram = torch.zeros(width, width, dtype=torch.float64)
     cross = torch.zeros(width, output.out_features, dtype=torch.float64)
     target_sq = torch.zeros((), dtype=torch.float64)
-    got: list[torch.Tensor] = []
-    handle = output.register_forward_pre_hook(lambda _, args: got.append(args[0].detach()))
-    try:
-        for kwargs, target in record.calls:
-            got.clear()
-            module(**kwargs)
-            z = got[-1].double().reshape(-1, width)  # RoVE's unrotated attention output
-            y = target.double().reshape(-1, output.out_features)
-            if output.bias is not None:
-                y = y - output.bias.double()
-            gram += z.T @ z
-            cross += z.T @ y
-            target_sq += y.pow(2).sum()
-    finally:
-        handle.remove()
+    for z, target in zip(inputs, targets, strict=True):
+        z = z.double().reshape(-1, width)
+        y = target.double().reshape(-1, output.out_features)
+        if output.bias is not None:
+            y = y - output.bias.double()
+        gram += z.T @ z
+        cross += z.T @ y
+        target_sq += y.pow(2).sum()
     w_old = output.weight.double().T  # (width, out)
     lam = ridge * torch.diagonal(gram).mean()
     w_new = torch.linalg.solve(gram + lam * torch.eye(width, dtype=gram.dtype), cross + lam * w_old)
 
-    def error(w: torch.Tensor) -> float:  # ||Z w - Y||^2 / ||Y||^2 from the sums
+    def error(w: Tensor) -> float:  # ||Z w - Y||^2 / ||Y||^2 from the sums
         sq = target_sq - 2 * (w * cross).sum() + (w * (gram @ w)).sum()
         return float(sq / target_sq.clamp_min(1e-300))
 
@@ -315,7 +324,10 @@ def align_values(model: nn.Module, windows: Iterable[torch.Tensor]) -> TransferR
 
 
 def transfer(
-    model: nn.Module, windows: Iterable[torch.Tensor], *, ridge: float = 0.1
+    model: nn.Module,
+    windows: Iterable[torch.Tensor],
+    *,
+    ridge: float = 0.1,
 ) -> TransferReport:
     """Convert the RoPE Hugging Face causal LM ``model`` to RoVE in place, fitted to itself:
     values aligned with the slow rotary pairs, then each output projection refit to its source
@@ -326,11 +338,14 @@ def transfer(
     (``current_pos(model) == "rove"``, fraction 1)."""
     if not ridge >= 0:
         raise ValueError(f"rove.hf.transfer: ridge must be >= 0, got {ridge}")
+    windows = [w.reshape(-1, w.shape[-1]) for w in windows]
     report, modules, records, layout, started = _align(model, windows)
     convert(model, "rove")
     for module, record in zip(modules, records, strict=True):
         output = getattr(module, layout.output)
-        report.refit_error.append(_refit_output(module, record, output, ridge))
+        targets = [target for _kwargs, target in record.calls]
+        inputs = _teacher_forced(module, output, record)
+        report.refit_error.append(_refit_output(output, inputs, targets, ridge))
         record.calls.clear()  # free the layer's inputs as soon as they served
     report.seconds = time.perf_counter() - started
     return report

@@ -129,12 +129,13 @@ def build_parser(
     g.add_argument(
         "--conversion",
         choices=CONVERSIONS,
-        help="a finetune of a RoPE model as RoVE only: transfer (Hugging Face models) fits RoVE "
-        "to the model before step 0 (values aligned with the slow rotary pairs, output "
-        "projections refit, from its activations on 4096 training tokens), then trains exact "
-        "RoVE; smooth (default) ramps the V/O rotations from none of RoVE's angles (the model as "
-        "it is) to all of them over --ramp-steps, so both arms start equal; hard converts at "
-        "step 0",
+        help="a finetune of a RoPE model as RoVE only: transfer fits RoVE to the model before "
+        "step 0 (values aligned with the slow rotary pairs, output projections refit, from its "
+        "activations on 4096 training tokens), then trains exact RoVE: the default for a "
+        "Hugging Face model of a type it fits, trained whole; smooth ramps the V/O rotations "
+        "from none of RoVE's angles (the model as it is) to all of them over --ramp-steps, so "
+        "both arms start equal: the default otherwise (a rove run, --lora, --ramp-steps); "
+        "hard converts at step 0",
     )
     g.add_argument(
         "--ramp-steps",

@@ -46,6 +46,7 @@ from rove.train.schedule import LR_SCHEDULES
 from rove.train.source import (
     CONVERSIONS,
     SourceModel,
+    default_conversion,
     read_source,
     source_missing,
     source_scaling,
@@ -439,7 +440,7 @@ class TrainConfig:
             )
 
     def _check_conversion(self) -> None:
-        """A finetune's conversion: smooth or hard, and a ramp (smooth only) within the run."""
+        """A finetune's conversion: one of CONVERSIONS, and a ramp (smooth only) within the run."""
         if self.conversion is not None:
             _choice("conversion", self.conversion, CONVERSIONS)
         _positive_int("ramp_steps", self.ramp_steps, optional=True)
@@ -671,15 +672,18 @@ def default_run_name(stem: str, pos: str, seed: object) -> str:
 
 
 def _resolve_conversion(values: dict, source: SourceModel) -> None:
-    """The conversion of a RoPE source continued as RoVE (default smooth, its ramp a tenth of
-    the run: long enough to move the function gently, short enough to leave most of the run
-    to recover as plain RoVE); None for every other arm (the control), whose run it does not
-    change, so both arms of a comparison share their other fields."""
+    """The conversion of a RoPE source continued as RoVE (default: :func:`default_conversion`;
+    a smooth ramp is a tenth of the run: long enough to move the function gently, short enough
+    to leave most of the run to recover as plain RoVE); None for every other arm (the
+    control), whose run it does not change, so both arms of a comparison share their other
+    fields."""
     if values["pos"] != "rove" or source.pos != "rope":
         values["conversion"] = values["ramp_steps"] = None
         return
-    if values["conversion"] is None:
-        values["conversion"] = "smooth"
+    if values["conversion"] is None:  # a ramp asked for is a smooth conversion
+        lora = values["lora_rank"] is not None
+        smooth = values["ramp_steps"] is not None
+        values["conversion"] = "smooth" if smooth else default_conversion(source, lora)
     if values["conversion"] == "transfer" and source.kind != "hf":
         raise ValueError(
             f"init_from {source.path}: conversion 'transfer' fits a Hugging Face model to its "

@@ -43,6 +43,7 @@ __all__ = [
     "TRANSFER_TOKENS",
     "SourceModel",
     "build_source_model",
+    "default_conversion",
     "read_source",
     "source_missing",
     "source_name",
@@ -95,6 +96,23 @@ class SourceModel:
     def identity(self) -> dict[str, Any]:
         """What a run records about its source (``recipe.json``'s ``source``)."""
         return {"kind": self.kind, "path": str(self.path), "pos": self.pos, "step": self.step}
+
+
+def default_conversion(source: SourceModel, lora: bool) -> str:
+    """How a RoPE ``source`` continued as RoVE converts unless told: ``transfer`` for a Hugging
+    Face model whose architecture it fits, trained whole (measured to start and end closest to
+    the continued RoPE control, benchmarks/bench_retrofit.py); ``smooth`` for a rove run, a
+    fused-projection architecture, or a LoRA finetune (whose adapter is saved against the
+    untransferred source)."""
+    from rove.hf.conversion import MODEL_TYPE, STATE_KEY
+    from rove.hf.transfer import TRANSFER_MODEL_TYPES
+
+    if source.kind != "hf" or lora:
+        return "smooth"
+    model_type = source.model_config.get("model_type")
+    if model_type == MODEL_TYPE:
+        model_type = (source.model_config.get(STATE_KEY) or {}).get("model_type")
+    return "transfer" if model_type in TRANSFER_MODEL_TYPES else "smooth"
 
 
 def source_name(path: str | Path) -> str:
