@@ -15,6 +15,7 @@ how many landed while the child still ran, and how often the old or the new save
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -139,16 +140,7 @@ def folder_saves(kind: str, kills: int, rng: random.Random, work: Path) -> dict:
     current = 0
     for i in range(kills):
         version = 1 - current
-        pid = os.fork()
-        if pid == 0:  # the child: one save, then out without any clean-up of Python's
-            try:
-                save(version, target)
-            finally:
-                os._exit(0)
-        time.sleep(rng.uniform(0, 1.5 * duration))
-        os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-        counts["landed"] += os.WIFSIGNALED(status)
+        counts["landed"] += killed_during(functools.partial(save, version, target), duration, rng)
         found = _files(target, {SAVE_MANIFEST})
         assert found in (refs[current], refs[version]), (kind, i, sorted(found))
         assert recorded_files(target, _kind_name(kind)) >= {SAVE_MANIFEST}, (kind, i)
@@ -162,6 +154,21 @@ def folder_saves(kind: str, kills: int, rng: random.Random, work: Path) -> dict:
     assert left == [".d.tmp-mine"], (kind, left)
     assert _files(target, {SAVE_MANIFEST}) == refs[current]
     return counts
+
+
+def killed_during(save: Callable[[], object], duration: float, rng: random.Random) -> bool:
+    """Run ``save`` in a forked child and kill -9 it at a random point of its ``duration``
+    (and a half); whether the kill landed before the save ended."""
+    pid = os.fork()
+    if pid == 0:  # the child: one save, then out without any clean-up of Python's
+        try:
+            save()
+        finally:
+            os._exit(0)
+    time.sleep(rng.uniform(0, 1.5 * duration))
+    os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status)
 
 
 def _kind_name(kind: str) -> str:
@@ -199,16 +206,7 @@ def checkpoints(kills: int, rng: random.Random, work: Path) -> dict:
     counts = {"kind": "checkpoint", "kills": kills, "landed": 0, "old": 0, "new": 0}
     step = 1
     for i in range(kills):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                save(step + 1)
-            finally:
-                os._exit(0)
-        time.sleep(rng.uniform(0, 1.5 * duration))
-        os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-        counts["landed"] += os.WIFSIGNALED(status)
+        counts["landed"] += killed_during(functools.partial(save, step + 1), duration, rng)
         ckpt = resume_checkpoint(run)  # the newest checkpoint that loads whole
         assert ckpt is not None and ckpt.meta["step"] in (step, step + 1), (i, ckpt)
         counts["new" if ckpt.meta["step"] == step + 1 else "old"] += 1
