@@ -294,6 +294,8 @@ def _within(curve: list[dict], control: list[dict]) -> str:
     at the end."""
     rope = {p["step"]: p["val_nll"] for p in control}
     for point in curve:
+        if point.get("a", 1.0) < 1:  # inside a smooth ramp: not yet RoVE
+            continue
         if point["step"] in rope and point["val_nll"] - rope[point["step"]] <= CLOSE:
             return f"{point.get('tokens', 0):,}"
     gap = curve[-1]["val_nll"] - rope[curve[-1]["step"]]
@@ -314,7 +316,10 @@ def seeds_summary(paths: list[Path]) -> list[str]:
             source[seed] = saved["conversion"]["source (RoPE)"].get(FIRST_1K, math.nan)
         for arm, res in saved["arms"].items():
             label = f"smooth, ramp {ramp}" if arm == "smooth" else arm
-            converted = res.get("converted") or saved["conversion"].get(f"{arm} RoVE") or {}
+            # at exact RoVE before training: the transfer's own, else the plain conversion's
+            converted = res.get("converted") or saved["conversion"].get("hard RoVE") or {}
+            if arm == "rope":
+                converted = {}
             runs.setdefault(label, {})[seed] = {
                 "curve": res["curve"],
                 "end2k": saved["final"][arm]["all"],
@@ -324,7 +329,7 @@ def seeds_summary(paths: list[Path]) -> list[str]:
             }
     seeds = sorted({seed for by_seed in runs.values() for seed in by_seed})
     lines = [
-        "| arm | seed | after conversion, 1024 windows (- source) | step 0, train ctx | end, "
+        "| arm | seed | exact RoVE before training, 1024 windows (- source) | step 0, train ctx | end, "
         "train ctx | end, 1024 | end, 2048 | tokens to within 0.05 of control | CPU s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -334,10 +339,11 @@ def seeds_summary(paths: list[Path]) -> list[str]:
                 continue
             r = by_seed[seed]
             conv = r["conv1k"] - source.get(seed, math.nan)
+            after = "-" if math.isnan(conv) else f"{r['conv1k']:.3f} ({conv:+.3f})"
             control = runs.get("rope", {}).get(seed)
             close = _within(r["curve"], control["curve"]) if control and arm != "rope" else "-"
             lines.append(
-                f"| {arm} | {seed} | {r['conv1k']:.3f} ({conv:+.3f}) | "
+                f"| {arm} | {seed} | {after} | "
                 f"{r['curve'][0]['val_nll']:.4f} | {r['curve'][-1]['val_nll']:.4f} | "
                 f"{r['end1k']:.3f} | {r['end2k']:.3f} | {close} | {r['cpu']:.0f} |"
             )
