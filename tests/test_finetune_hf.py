@@ -256,6 +256,16 @@ def test_the_default_conversion_follows_the_measurement(llama, llama_data, tmp_p
     assert (adapter.conversion, adapter.ramp_steps) == ("smooth", 1)
 
 
+def test_a_pretrained_model_continues_at_a_finetuning_rate(llama, llama_data, tmp_path):
+    """Not the preset's from-scratch peak (the tiny preset's 2e-3 wrecked SmolLM2-135M in a
+    step), unless --lr says so."""
+    from rove.train.config import HF_FINETUNE_LR
+
+    default = TrainConfig(init_from=str(llama), data_dir=str(llama_data), max_steps=8)
+    assert default.resolve().lr == HF_FINETUNE_LR == 1e-4
+    assert finetune(llama, llama_data, tmp_path).resolve().lr == 3e-3  # the helper's --lr
+
+
 def test_the_transfer_conversion_is_refused_where_it_does_not_apply(llama, llama_data, tmp_path):
     with pytest.raises(ValueError, match="ramp_steps goes with conversion 'smooth'"):
         finetune(llama, llama_data, tmp_path, pos="rove", conversion="transfer", ramp_steps=2)

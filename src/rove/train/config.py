@@ -613,14 +613,18 @@ def warmup_note(config: TrainConfig, resolved: TrainConfig) -> str | None:
     )
 
 
+HF_FINETUNE_LR = 1e-4  # a Hugging Face model's continuation, unless --lr says otherwise
+
+
 def _finetune_defaults(values: dict, source: SourceModel) -> dict:
     """Fill ``values`` (in place) from a finetune's ``source`` and return the recipe its other
     ``None`` fields take.
 
     A rove checkpoint continues as it was trained: its preset, data, tokenizer, batch, learning
     rate, evaluation and context, unless given (at another context, the micro-batch keeps its
-    tokens: a 4x longer ``seq_len`` takes a quarter of the rows). A Hugging Face folder takes ``preset``'s recipe,
-    with its own tokenizer (``hf:<folder>``), its micro-batch likewise rescaled from the preset's
+    tokens: a 4x longer ``seq_len`` takes a quarter of the rows). A Hugging Face folder takes
+    ``preset``'s recipe at ``HF_FINETUNE_LR``, with its own tokenizer (``hf:<folder>``), its
+    micro-batch likewise rescaled from the preset's
     context to a given ``seq_len``. Either way the length of the continuation is the
     caller's: ``max_steps`` or ``token_budget`` must be given; the warm-up defaults to at most a
     tenth of it, and validation to at least every tenth (the recovery curve).
@@ -635,8 +639,11 @@ def _finetune_defaults(values: dict, source: SourceModel) -> dict:
     if source.kind == "hf":
         if values["tokenizer"] is None and values["data_dir"] is None:
             values["tokenizer"] = f"{HF_PREFIX}{source.path.resolve()}"
-        # the recipe's batch was made for the preset's context
-        recipe = dict(RECIPES[values["preset"]])
+        # the recipe's batch was made for the preset's context; its peak learning rate for a
+        # small model trained from nothing, which wrecks a pretrained one in a step (SmolLM2-135M
+        # at the tiny preset's 2e-3: 2.03 -> 5.52 nats), so a model trained elsewhere
+        # continues at the rate its retrofit was measured with (benchmarks/bench_retrofit.py)
+        recipe = {**RECIPES[values["preset"]], "lr": HF_FINETUNE_LR}
         context = PRESETS[values["preset"]].get("block_size", GPTConfig.block_size)
         return _same_tokens(values, recipe, context)
     stored = source.train_config or {}
