@@ -140,28 +140,56 @@ def test_retrofit_benchmark_redraws_a_saved_run(tmp_path, capsys):
 
 def test_retrofit_seeds_summary_pairs_arms_across_files(tmp_path, capsys):
     """--summarize merges seeds and arms run in separate processes, names the smooth arm by its
-    ramp, and pairs each RoVE arm with the hard arm and the control over common seeds."""
+    ramp, reads each arm's cost at exact RoVE (a transfer's own, else the plain switch's), counts
+    the tokens until within 0.05 of the control from the end of a smooth ramp, and pairs each
+    RoVE arm with the control over common seeds."""
     import json
 
     import bench_retrofit
 
-    def saved(seed: int, ramp: int, ends: dict[str, tuple[float, float]]) -> dict:
+    def curve(nlls: list[float], ramp: int = 0) -> list[dict]:
+        return [
+            {"step": 4 * i, "tokens": 100 * (i + 1), "val_nll": v, "a": float(4 * i >= ramp)}
+            for i, v in enumerate(nlls)
+        ]
+
+    def saved(seed: int, arms: dict[str, list[float]], conversion: bool = True) -> dict:
+        band = {"0-1k": 2.9, "all": 2.8}
         return {
-            "final": {arm: {"all": long} for arm, (_, long) in ends.items()},
-            "arms": {arm: {"curve": [{"step": 8, "val_nll": short}]} for arm, (short, _) in ends.items()},
-            "args": str({"seed": seed, "ramp_steps": ramp}),
+            "conversion": {"source (RoPE)": band, "hard RoVE": {"0-1k": 3.9}} if conversion else {},
+            "final": {arm: {"0-1k": nlls[-1], "all": nlls[-1] + 0.1} for arm, nlls in arms.items()},
+            "arms": {
+                arm: {
+                    "curve": curve(nlls, ramp=4 if arm == "smooth" else 0),
+                    "converted": {"0-1k": 3.0} if arm == "transfer" else None,
+                }
+                for arm, nlls in arms.items()
+            },
+            "args": str({"seed": seed, "ramp_steps": 1}),
         }  # fmt: skip
 
     files = {
-        "a": saved(0, 2, {"rope": (3.0, 2.8), "hard": (3.5, 3.6), "smooth": (3.6, 3.7)}),
-        "b": saved(1, 2, {"rope": (3.1, 2.9), "hard": (3.4, 3.5)}),
-        "c": saved(1, 2, {"smooth": (3.3, 3.4)}),  # seed 1's smooth arm, another process
-    }
+        "a": saved(0, {"rope": [3.0, 2.9, 2.8], "transfer": [3.2, 2.98, 2.84],
+                       "smooth": [3.0, 3.4, 3.1]}),
+        "b": saved(1, {"rope": [3.0, 2.9, 2.8], "transfer": [3.2, 3.0, 2.9]}),
+        "c": saved(1, {"smooth": [3.0, 3.5, 3.2]}, conversion=False),  # another process's arm
+    }  # fmt: skip
     for name, content in files.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(content))
     bench_retrofit.main(["--summarize", *(str(tmp_path / f"{n}.json") for n in files)])
     out = capsys.readouterr().out
-    assert "| smooth, ramp 2 | 3.6000 / 3.700 | 3.3000 / 3.400 |" in out
-    # smooth - hard: +0.1 and -0.1 at the training context, +0.1 and -0.1 at 2k
-    assert "| smooth, ramp 2 - hard | +0.0000 ± 0.1414 | +0.000 ± 0.141 | 1 of 2 |" in out
-    assert "| hard - rope | +0.4000 ± 0.1414 | +0.700 ± 0.141 | 0 of 2 |" in out
+    assert "| transfer | 0 | 3.000 (+0.100) | 3.2000 | 2.8400 | 2.840 | 2.940 | 300 |" in out
+    assert (
+        "| transfer | 1 | 3.000 (+0.100) | 3.2000 | 2.9000 | 2.900 | 3.000 | not by 300 (+0.100) |"
+        in out
+    )
+    # smooth: equal at step 0 by construction, counted from its ramp's end (step 4)
+    assert (
+        "| smooth, ramp 1 | 0 | 3.900 (+1.000) | 3.0000 | 3.1000 | 3.100 | 3.200 | not by 300 (+0.300) |"
+        in out
+    )
+    assert (
+        "| transfer - rope | +0.0700 ± 0.0424 | +0.0700 ± 0.0424 | +0.0700 ± 0.0424 | 0 of 2 |"
+        in out
+    )
+    assert "| smooth, ramp 1 - rope | +0.3500 ± 0.0707 |" in out
