@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -48,6 +49,23 @@ def _duration(save: Callable[[], Any]) -> float:
     for _ in range(3):
         start = time.perf_counter()
         save()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[1]
+
+
+def _child_duration(save: Callable[[], Any]) -> float:
+    """A save's duration in a forked child, as the kills meet it (a child pays for the pages it
+    writes of its parent's memory: a GGUF conversion there took 5x its time in the parent)."""
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                save()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
         times.append(time.perf_counter() - start)
     return sorted(times)[1]
 
@@ -220,6 +238,37 @@ def checkpoints(kills: int, rng: random.Random, work: Path) -> dict:
     return counts
 
 
+def gguf_cache(kills: int, rng: random.Random, work: Path) -> dict:
+    """The GGUF cache's conversion (rove.gguf.gguf_folder) killed at random points: after each
+    kill the entry is absent (old) or whole (new), and only marked temp folders and the lock
+    file are left beside it; a conversion that ends leaves the entry alone."""
+    from rove.atomic import SAVE_MANIFEST, is_temp_folder
+    from rove.gguf import gguf_folder
+    from test_hf_gguf import tiny_llama_gguf
+
+    path = work / "tiny.gguf"
+    tiny_llama_gguf(path)
+    cache = work / "cache"
+    os.environ["ROVE_GGUF_DIR"] = str(cache)
+    entry = gguf_folder(path)
+    ref = _files(entry, {SAVE_MANIFEST})
+    convert = functools.partial(gguf_folder, path)
+    duration = _child_duration(lambda: (shutil.rmtree(entry), convert()))
+    counts = {"kind": "gguf", "kills": kills, "landed": 0, "old": 0, "new": 0}
+    for i in range(kills):
+        shutil.rmtree(entry, ignore_errors=True)
+        counts["landed"] += killed_during(convert, duration, rng)
+        whole = entry.is_dir() and _files(entry, {SAVE_MANIFEST}) == ref
+        assert whole or not entry.exists(), (i, sorted(p.name for p in entry.iterdir()))
+        counts["new" if whole else "old"] += 1
+        for left in cache.iterdir():
+            assert left in (entry, cache / f".{entry.name}.lock") or is_temp_folder(left), left
+    shutil.rmtree(entry, ignore_errors=True)
+    assert convert() == entry and _files(entry, {SAVE_MANIFEST}) == ref
+    assert sorted(p.name for p in cache.iterdir()) == [entry.name]  # leftovers and lock gone
+    return counts
+
+
 def main(kinds_: list[str], kills: int, seed: int, work: Path) -> None:
     """One JSON line per kind, each in its own folder under ``work``."""
     for kind in kinds_:
@@ -227,6 +276,8 @@ def main(kinds_: list[str], kills: int, seed: int, work: Path) -> None:
         folder.mkdir(parents=True)
         if kind == "checkpoint":
             counts = checkpoints(kills, rng, folder)
+        elif kind == "gguf":
+            counts = gguf_cache(kills, rng, folder)
         else:
             counts = folder_saves(kind, kills, rng, folder)
         print(json.dumps(counts), flush=True)

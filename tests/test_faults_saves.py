@@ -2,7 +2,6 @@
 nothing lost, no user file touched, the previous save whole, leftovers only of rove's.
 
 The default suite kills each kind 3 times; the ``slow`` test 20 times (issue 38's count).
-The GGUF cache's conversion is tested with rove.gguf.
 """
 
 from __future__ import annotations
@@ -17,8 +16,9 @@ import pytest
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
+pytest.importorskip("gguf")
 
-KINDS = ("checkpoint", "export", "model", "converted", "adapter")
+KINDS = ("checkpoint", "export", "model", "converted", "adapter", "gguf")
 
 
 def kill_saves(tmp_path: Path, kills: int, seed: int) -> list[dict]:

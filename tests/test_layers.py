@@ -38,6 +38,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: dict[str, int] = {
     "rove._version": 0,
     "rove._extras": 0,
+    "rove.architectures": 0,
     "rove.atomic": 0,
     "rove.lock": 0,
     "rove.precision": 0,

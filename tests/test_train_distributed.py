@@ -75,8 +75,10 @@ def test_two_processes_match_one(data_dir, tmp_path):
                 if key in ref:
                     assert mine[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-6), (key, mine)
         a, b = load_checkpoint(other), load_checkpoint(single)
+        # 16- and 32-row matmuls sum in other orders on some CPUs (an AMX Xeon: one weight of
+        # 1024 off by 1.6e-6 after 6 Adam steps, where a tiny second moment magnifies it)
         for name, tensor in b.model_state.items():
-            torch.testing.assert_close(a.model_state[name], tensor, rtol=0, atol=1e-6)
+            torch.testing.assert_close(a.model_state[name], tensor, rtol=0, atol=1e-5)
         assert a.meta["loader"]["position"] == b.meta["loader"]["position"] == 6 * 32
     ddp_meta = load_checkpoint(ddp).meta
     assert ddp_meta["world_size"] == WORLD and len(ddp_meta["rng"]) == WORLD

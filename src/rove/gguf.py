@@ -200,7 +200,7 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
 def check_gguf(path: str | Path) -> GGUFHeader:
     """The header of ``path``, after checking, from it alone, that the file is whole and of an
     architecture :func:`rove.hf.convert` supports; ``ValueError``, one line naming ``path``."""
-    from rove.hf.conversion import SUPPORTED_MODEL_TYPES, unsupported
+    from rove.architectures import SUPPORTED_MODEL_TYPES, unsupported
 
     header = read_gguf_header(path)
     size = Path(path).stat().st_size

@@ -40,7 +40,6 @@ import functools
 import inspect
 import shutil
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -48,6 +47,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from rove.architectures import LAYOUTS, SUPPORTED_MODEL_TYPES, Layout, unsupported
 from rove.atomic import save_folder
 from rove.functional import check_fraction
 from rove.hf.model_card import write_converted_card
@@ -70,58 +70,10 @@ HFPos = Literal["rope", "rove"]
 Tables = tuple[torch.Tensor, torch.Tensor]
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Where an architecture's attention module keeps its value and output projections."""
-
-    value: str  # child whose output holds the values
-    output: str  # child whose input is the attention output (B, T, Hq * D)
-    # how the value child packs its output: "separate" (values only, B, T, Hkv * D),
-    # "per_head" (GPT-NeoX: per head [q | k | v], B, T, H * 3D), "concat" (Phi-3: [q | k | v])
-    packing: Literal["separate", "per_head", "concat"] = "separate"
-
-
-_SEPARATE = _Layout(value="v_proj", output="o_proj")
-_LAYOUTS: dict[str, _Layout] = {
-    **dict.fromkeys(
-        (
-            "llama",
-            "mistral",
-            "mixtral",
-            "qwen2",
-            "qwen2_moe",
-            "qwen3",
-            "qwen3_moe",
-            "olmo2",
-            "gemma",
-            "gemma3_text",  # sliding and global layers, each with its own rotary table
-            "granite",
-            "starcoder2",
-            "stablelm",
-        ),
-        _SEPARATE,
-    ),
-    "phi": _Layout(value="v_proj", output="dense"),
-    "phi3": _Layout(value="qkv_proj", output="o_proj", packing="concat"),
-    "gpt_neox": _Layout(value="query_key_value", output="dense", packing="per_head"),
-}
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_LAYOUTS))
-# model types refused with a pointer to the one rove converts instead
-_INSTEAD = {"gemma3": "gemma3_text, Gemma 3's text model (the vision-language gemma3 is not)"}
-
 _STATE_ATTR = "_rove_hf_state"
 # the smooth conversion's a, kept on the model's config (where the RoVE mark is, so a save can
 # refuse a model between RoPE and RoVE); absent means 1, plain RoVE
 FRACTION_ATTR = "_rove_fraction"
-
-
-def unsupported(model_type: object) -> str:
-    """Why ``model_type`` is not converted, and what is: the tail of every refusal."""
-    instead = f"; rove converts {_INSTEAD[model_type]}" if model_type in _INSTEAD else ""
-    return (
-        f"model_type {model_type!r} cannot be converted to RoVE{instead}; "
-        f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-    )
 
 
 def is_rotary_module(module: nn.Module) -> bool:
@@ -258,7 +210,7 @@ class _AttentionState:
     """The hooks of one attention module and the tables of the forward in progress (None
     outside it, and at fraction 0)."""
 
-    def __init__(self, module: nn.Module, layout: _Layout, shared: _SharedTables) -> None:
+    def __init__(self, module: nn.Module, layout: Layout, shared: _SharedTables) -> None:
         self.layout = layout
         self.shared = shared
         self.head_dim = _head_dim(module)
@@ -369,7 +321,7 @@ def _orthonormal_half_tables(cos: torch.Tensor, sin: torch.Tensor) -> Tables:
     return c, s
 
 
-def _attention_modules(model: nn.Module, layout: _Layout) -> list[nn.Module]:
+def _attention_modules(model: nn.Module, layout: Layout) -> list[nn.Module]:
     # any module, not only nn.Linear: a LoRA or quantised wrapper's output is still the values
     return [
         m
@@ -441,9 +393,9 @@ def convert(model: nn.Module, pos: HFPos = "rove", fraction: float = 1.0) -> nn.
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in _LAYOUTS:
+    if model_type not in LAYOUTS:
         raise ValueError(f"rove.hf.convert: {unsupported(model_type)}")
-    layout = _LAYOUTS[model_type]
+    layout = LAYOUTS[model_type]
     modules = _attention_modules(model, layout)
     if not modules:
         raise ValueError(f"found no {model_type} attention module in {type(model).__name__}")

@@ -44,8 +44,8 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from rove.architectures import LAYOUTS
 from rove.hf.conversion import (
-    _LAYOUTS,
     _attention_modules,
     _head_dim,
     convert,
@@ -58,7 +58,7 @@ __all__ = ["TRANSFER_MODEL_TYPES", "TransferReport", "align_values", "transfer"]
 # the architectures whose values and outputs are projections of their own (nn.Linear), which
 # the alignment changes per KV head; fused ones (Phi-3's qkv_proj, GPT-NeoX) convert plainly
 TRANSFER_MODEL_TYPES: tuple[str, ...] = tuple(
-    sorted(t for t, layout in _LAYOUTS.items() if layout.packing == "separate")
+    sorted(t for t, layout in LAYOUTS.items() if layout.packing == "separate")
 )
 
 
@@ -240,7 +240,7 @@ def _check_model(model: nn.Module) -> tuple[Any, list[nn.Module]]:
             f"value and output projections: {', '.join(TRANSFER_MODEL_TYPES)}); convert it "
             "with rove.hf.convert instead"
         )
-    layout = _LAYOUTS[model_type]
+    layout = LAYOUTS[model_type]
     modules = _attention_modules(model, layout)
     for module in modules:
         for name in (layout.value, layout.output):
