@@ -21,7 +21,9 @@ import os
 import random
 import shutil
 import signal
+import struct
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,18 +46,9 @@ def _hf_model(seed: int) -> Any:
 
 
 def _duration(save: Callable[[], Any]) -> float:
-    """A save's duration once warm (the first of a kind pays one-time costs)."""
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        save()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[1]
-
-
-def _child_duration(save: Callable[[], Any]) -> float:
     """A save's duration in a forked child, as the kills meet it (a child pays for the pages it
-    writes of its parent's memory: a GGUF conversion there took 5x its time in the parent)."""
+    writes of its parent's memory: a GGUF conversion there took 5x its time in the parent),
+    the median of three once warm."""
     times = []
     for _ in range(3):
         start = time.perf_counter()
@@ -153,12 +146,12 @@ def folder_saves(kind: str, kills: int, rng: random.Random, work: Path) -> dict:
     mine.mkdir()
     (mine / "keep.txt").write_text("keep")
     save(0, target)
-    duration = _duration(lambda: save(0, work / "timed"))
+    killer = Killer(lambda: save(0, work / "timed"), rng)
     counts = {"kind": kind, "kills": kills, "landed": 0, "old": 0, "new": 0}
     current = 0
     for i in range(kills):
         version = 1 - current
-        counts["landed"] += killed_during(functools.partial(save, version, target), duration, rng)
+        counts["landed"] += killer.kill_during(functools.partial(save, version, target))
         found = _files(target, {SAVE_MANIFEST})
         assert found in (refs[current], refs[version]), (kind, i, sorted(found))
         assert recorded_files(target, _kind_name(kind)) >= {SAVE_MANIFEST}, (kind, i)
@@ -174,19 +167,40 @@ def folder_saves(kind: str, kills: int, rng: random.Random, work: Path) -> dict:
     return counts
 
 
-def killed_during(save: Callable[[], object], duration: float, rng: random.Random) -> bool:
-    """Run ``save`` in a forked child and kill -9 it at a random point of its ``duration``
-    (and a half); whether the kill landed before the save ended."""
-    pid = os.fork()
-    if pid == 0:  # the child: one save, then out without any clean-up of Python's
-        try:
-            save()
-        finally:
-            os._exit(0)
-    time.sleep(rng.uniform(0, 1.5 * duration))
-    os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    return os.WIFSIGNALED(status)
+class Killer:
+    """Forks a child per save and kill -9s it after a random delay, up to 1.5 times the save's
+    duration as a child runs it. The estimate follows the children: a save that ends reports
+    its time, and a kill that lands (the child still running) proves the save lasts longer
+    than its delay. A load that changes while the kills run then still sees saves both cut
+    and ended."""
+
+    def __init__(self, save: Callable[[], object], rng: random.Random) -> None:
+        self.duration, self.rng = _duration(save), rng
+
+    def kill_during(self, save: Callable[[], object]) -> bool:
+        """Run ``save`` in a child and kill it; whether the kill landed before it ended."""
+        delay = self.rng.uniform(0, 1.5 * self.duration)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: one save, then out without any clean-up of Python's
+            try:
+                os.close(read)
+                start = time.perf_counter()
+                save()
+                os.write(write, struct.pack("d", time.perf_counter() - start))
+            finally:
+                os._exit(0)
+        os.close(write)
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        took = os.read(read, 8)
+        os.close(read)
+        if len(took) == 8:  # the save ended (perhaps killed on its way out)
+            self.duration = struct.unpack("d", took)[0]
+            return False
+        self.duration = max(self.duration, delay)
+        return os.WIFSIGNALED(status)
 
 
 def _kind_name(kind: str) -> str:
@@ -220,11 +234,11 @@ def checkpoints(kills: int, rng: random.Random, work: Path) -> dict:
     mine.mkdir()
     (mine / "keep.txt").write_text("keep")
     save(1)
-    duration = _duration(lambda: save(1))
+    killer = Killer(lambda: save(1), rng)
     counts = {"kind": "checkpoint", "kills": kills, "landed": 0, "old": 0, "new": 0}
     step = 1
     for i in range(kills):
-        counts["landed"] += killed_during(functools.partial(save, step + 1), duration, rng)
+        counts["landed"] += killer.kill_during(functools.partial(save, step + 1))
         ckpt = resume_checkpoint(run)  # the newest checkpoint that loads whole
         assert ckpt is not None and ckpt.meta["step"] in (step, step + 1), (i, ckpt)
         counts["new" if ckpt.meta["step"] == step + 1 else "old"] += 1
@@ -253,11 +267,11 @@ def gguf_cache(kills: int, rng: random.Random, work: Path) -> dict:
     entry = gguf_folder(path)
     ref = _files(entry, {SAVE_MANIFEST})
     convert = functools.partial(gguf_folder, path)
-    duration = _child_duration(lambda: (shutil.rmtree(entry), convert()))
+    killer = Killer(lambda: (shutil.rmtree(entry), convert()), rng)
     counts = {"kind": "gguf", "kills": kills, "landed": 0, "old": 0, "new": 0}
     for i in range(kills):
         shutil.rmtree(entry, ignore_errors=True)
-        counts["landed"] += killed_during(convert, duration, rng)
+        counts["landed"] += killer.kill_during(convert)
         whole = entry.is_dir() and _files(entry, {SAVE_MANIFEST}) == ref
         assert whole or not entry.exists(), (i, sorted(p.name for p in entry.iterdir()))
         counts["new" if whole else "old"] += 1
@@ -271,6 +285,13 @@ def gguf_cache(kills: int, rng: random.Random, work: Path) -> dict:
 
 def main(kinds_: list[str], kills: int, seed: int, work: Path) -> None:
     """One JSON line per kind, each in its own folder under ``work``."""
+    # tqdm's default lock is a multiprocessing semaphore, shared with forked children: a child
+    # killed inside a progress bar (transformers' "Writing model shards") would hold it for
+    # good and hang this process at its next bar (seen once in 3 runs). A thread lock is copied
+    # into each child instead.
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     for kind in kinds_:
         rng, folder = random.Random(f"{seed}-{kind}"), work / kind
         folder.mkdir(parents=True)
