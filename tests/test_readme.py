@@ -32,3 +32,16 @@ def test_readme_demo_numbers_are_the_recorded_reports():
     cells = re.findall(r"\d+\.\d+ ± \d+\.\d+", table)
     report = (README.parent / "docs" / "demo" / "report.md").read_text()
     assert len(cells) == 18 and all(cell in report for cell in cells)
+
+
+def test_license_and_citation_match_the_package():
+    """LICENSE is the MIT text the package metadata and model cards name; CITATION.cff cites
+    the paper and this version of the software."""
+    from rove._version import __version__
+
+    root = Path(__file__).resolve().parents[1]
+    assert (root / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
+    assert 'license = { text = "MIT" }' in (root / "pyproject.toml").read_text(encoding="utf-8")
+    citation = (root / "CITATION.cff").read_text(encoding="utf-8")
+    assert re.search(rf'^version: "{re.escape(__version__)}"$', citation, re.M)
+    assert "arXiv:2606.11275" in citation and "license: MIT" in citation
