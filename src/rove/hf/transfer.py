@@ -202,10 +202,10 @@ def _refit_output(
 ) -> tuple[float, float]:
     """``W_O`` as the ridge least-squares map from the (now RoVE) layer's attention outputs
     ``inputs`` to its source layer's outputs ``targets``; the relative error before and after."""
-    width = output.in_features
-    gram = torch.zeros(width, width, dtype=torch.float64)
-    cross = torch.zeros(width, output.out_features, dtype=torch.float64)
-    target_sq = torch.zeros((), dtype=torch.float64)
+    width, device = output.in_features, output.weight.device  # sums in float64 where W_O is
+    gram = torch.zeros(width, width, dtype=torch.float64, device=device)
+    cross = torch.zeros(width, output.out_features, dtype=torch.float64, device=device)
+    target_sq = torch.zeros((), dtype=torch.float64, device=device)
     for z, target in zip(inputs, targets, strict=True):
         z = z.double().reshape(-1, width)
         y = target.double().reshape(-1, output.out_features)
@@ -216,7 +216,9 @@ def _refit_output(
         target_sq += y.pow(2).sum()
     w_old = output.weight.double().T  # (width, out)
     lam = ridge * torch.diagonal(gram).mean()
-    w_new = torch.linalg.solve(gram + lam * torch.eye(width, dtype=gram.dtype), cross + lam * w_old)
+    w_new = torch.linalg.solve(
+        gram + lam * torch.eye(width, dtype=gram.dtype, device=device), cross + lam * w_old
+    )
 
     def error(w: Tensor) -> float:  # ||Z w - Y||^2 / ||Y||^2 from the sums
         sq = target_sq - 2 * (w * cross).sum() + (w * (gram @ w)).sum()
@@ -253,12 +255,10 @@ def _check_model(model: nn.Module) -> tuple[Any, list[nn.Module]]:
 
 
 def _record(
-    model: nn.Module, windows: Iterable[torch.Tensor]
-) -> tuple[list[_LayerRecord], torch.Tensor, int]:
-    """One forward of the RoPE source over ``windows``: every layer's record, the rotary
-    frequencies and the number of tokens read."""
-    layout, modules = _check_model(model)
-    inv_freq = _pair_frequencies(model)
+    model: nn.Module, layout: Any, modules: list[nn.Module], windows: Iterable[torch.Tensor]
+) -> tuple[list[_LayerRecord], int]:
+    """One forward of the RoPE source over ``windows``: the record of each attention module of
+    ``modules`` and the number of tokens read."""
     config = cast(Any, model).config
     n_kv = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
     records = [_LayerRecord(m, getattr(m, layout.output), n_kv, _head_dim(m)) for m in modules]
@@ -266,7 +266,7 @@ def _record(
     try:
         with torch.no_grad():
             for window in windows:
-                ids = window.reshape(-1, window.shape[-1]) if window.ndim else window
+                ids = window.reshape(-1, window.shape[-1])  # (T,) or (B, T) -> (B, T)
                 model(input_ids=ids, use_cache=False)
                 tokens += ids.numel()
     finally:
@@ -274,7 +274,7 @@ def _record(
             record.remove()
     if tokens == 0:
         raise ValueError("rove.hf.transfer: no calibration windows")
-    return records, inv_freq, tokens
+    return records, tokens
 
 
 def _pair_frequencies(model: nn.Module) -> torch.Tensor:
@@ -306,9 +306,10 @@ def _align(
     """Record the source over ``windows`` and align every layer (step 1); what the refit
     needs next, and when it started."""
     started = time.perf_counter()
-    records, inv_freq, tokens = _record(model, windows)
-    report = TransferReport(tokens=tokens)
     layout, modules = _check_model(model)
+    inv_freq = _pair_frequencies(model)
+    records, tokens = _record(model, layout, modules, windows)
+    report = TransferReport(tokens=tokens)
     for module, record in zip(modules, records, strict=True):
         order = _slow_first(record.head_dim, inv_freq)
         value, output = getattr(module, layout.value), getattr(module, layout.output)
@@ -341,7 +342,6 @@ def transfer(
     (``current_pos(model) == "rove"``, fraction 1)."""
     if not ridge >= 0:
         raise ValueError(f"rove.hf.transfer: ridge must be >= 0, got {ridge}")
-    windows = [w.reshape(-1, w.shape[-1]) for w in windows]
     report, modules, records, layout, started = _align(model, windows)
     convert(model, "rove")
     for module, record in zip(modules, records, strict=True):
