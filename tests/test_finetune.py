@@ -167,6 +167,7 @@ def test_a_finetuned_rove_model_exports_and_reloads_as_rove_in_a_fresh_process(s
         ({"model_overrides": {"n_layer": 3}}, ValueError, "cannot change the architecture"),
         ({"tokenizer": "gpt2"}, ValueError, "tokenizer"),
         ({"conversion": "sudden"}, ValueError, "unknown conversion 'sudden'"),
+        ({"conversion": "transfer"}, ValueError, "a rove run or a fused-projection model"),
         ({"init_from": None, "conversion": "smooth"}, ValueError, "has no model to convert"),
         ({"init_from": None, "ramp_steps": 2}, ValueError, "has no model to convert"),
     ],

@@ -50,6 +50,7 @@ from rove.train.source import (
     read_source,
     source_missing,
     source_scaling,
+    transfers,
 )
 
 __all__ = [
@@ -691,10 +692,11 @@ def _resolve_conversion(values: dict, source: SourceModel) -> None:
         lora = values["lora_rank"] is not None
         smooth = values["ramp_steps"] is not None
         values["conversion"] = "smooth" if smooth else default_conversion(source, lora)
-    if values["conversion"] == "transfer" and source.kind != "hf":
+    if values["conversion"] == "transfer" and not transfers(source):
         raise ValueError(
-            f"init_from {source.path}: conversion 'transfer' fits a Hugging Face model to its "
-            "source (rove.hf.transfer); a rove run converts with 'smooth' or 'hard'"
+            f"init_from {source.named}: conversion 'transfer' fits a Hugging Face model with "
+            "value and output projections of their own to its source (rove.hf.transfer); a "
+            "rove run or a fused-projection model converts with 'smooth' or 'hard'"
         )
     if values["conversion"] == "smooth" and values["ramp_steps"] is None:
         values["ramp_steps"] = max(1, values["max_steps"] // 10)

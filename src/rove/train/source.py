@@ -48,6 +48,7 @@ __all__ = [
     "source_missing",
     "source_name",
     "source_scaling",
+    "transfers",
 ]
 
 SourceKind = Literal["checkpoint", "hf"]
@@ -98,21 +99,22 @@ class SourceModel:
         return {"kind": self.kind, "path": str(self.path), "pos": self.pos, "step": self.step}
 
 
-def default_conversion(source: SourceModel, lora: bool) -> str:
-    """How a RoPE ``source`` continued as RoVE converts unless told: ``transfer`` for a Hugging
-    Face model whose architecture it fits, trained whole (measured to start and end closest to
-    the continued RoPE control, benchmarks/bench_retrofit.py); ``smooth`` for a rove run, a
-    fused-projection architecture, or a LoRA finetune (whose adapter is saved against the
-    untransferred source)."""
-    from rove.hf.conversion import MODEL_TYPE, STATE_KEY
+def transfers(source: SourceModel) -> bool:
+    """Whether :func:`rove.hf.transfer` can convert ``source``: a RoPE Hugging Face model with
+    value and output projections of their own (``TRANSFER_MODEL_TYPES``)."""
     from rove.hf.transfer import TRANSFER_MODEL_TYPES
 
-    if source.kind != "hf" or lora:
-        return "smooth"
     model_type = source.model_config.get("model_type")
-    if model_type == MODEL_TYPE:
-        model_type = (source.model_config.get(STATE_KEY) or {}).get("model_type")
-    return "transfer" if model_type in TRANSFER_MODEL_TYPES else "smooth"
+    return source.kind == "hf" and source.pos == "rope" and model_type in TRANSFER_MODEL_TYPES
+
+
+def default_conversion(source: SourceModel, lora: bool) -> str:
+    """How a RoPE ``source`` continued as RoVE converts unless told: ``transfer`` where it
+    :func:`transfers`, trained whole (measured to start and end closest to the continued RoPE
+    control, benchmarks/bench_retrofit.py); ``smooth`` for a rove run, a fused-projection
+    architecture, or a LoRA finetune (whose adapter is saved against the untransferred
+    source)."""
+    return "transfer" if transfers(source) and not lora else "smooth"
 
 
 def source_name(path: str | Path) -> str:
