@@ -464,19 +464,19 @@ def main(argv: list[str] | None = None) -> None:
     for name, row in conversion.items():
         print(f"  {name:14s} " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
 
-    # (b) three arms on the same batches; held-out windows at the training context
+    # (b) the arms on the same batches; held-out windows at the training context
     seq = args.seq_len + 1
     val = held_out[: len(held_out) // seq * seq].view(-1, seq)  # (N, seq + 1)
     val = val[torch.linspace(0, len(val) - 1, args.val_windows).long()]
     results, final_bands = {}, {}
+    windows = max(1, args.transfer_tokens // args.seq_len)  # the transfer arms' calibration
+    calib = calibration(train_stream, args.seq_len, windows, args.seed)
     for arm in args.arms:
 
         def train() -> Iterator[torch.Tensor]:
             return batches(train_stream, args.batch, args.seq_len, args.seed)
 
         model.train()
-        windows = max(1, args.transfer_tokens // args.seq_len)
-        calib = calibration(train_stream, args.seq_len, windows, args.seed)
         results[arm] = run_arm(arm, model, state, train, val, args, calib, long)
         if results[arm]["converted"] is not None:
             conversion[f"{arm} RoVE"] = results[arm]["converted"]
