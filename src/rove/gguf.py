@@ -290,8 +290,14 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+# entries whose checksums this process verified, with their files' (name, size, mtime) then: a
+# run reads its source several times, and hashing a large model's weights takes minutes
+_VERIFIED: set[tuple] = set()
+
+
 def _cached(folder: Path, identity: dict) -> bool:
-    """Whether ``folder`` holds what this GGUF file's conversion wrote, byte for byte."""
+    """Whether ``folder`` holds what this GGUF file's conversion wrote, byte for byte (hashed
+    once per process while the files' sizes and times stay as they were)."""
     try:
         record = json.loads((folder / SOURCE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -299,12 +305,24 @@ def _cached(folder: Path, identity: dict) -> bool:
     files = record.get("sha256") if isinstance(record, dict) else None
     if {k: record.get(k) for k in identity} != identity or not isinstance(files, dict):
         return False  # another file's, or written by a rove that recorded no checksums
+    try:
+        seen = (str(folder), tuple(_stamp(folder / name) for name in sorted(files)))
+    except OSError:  # a file removed
+        return False
+    if seen in _VERIFIED:
+        return True
     for name, digest in files.items():
         file = folder / name
         if not file.is_file() or _sha256(file) != digest:
             log.warning("%s changed since it was written (%s): writing it again", folder, name)
             return False
+    _VERIFIED.add(seen)
     return True
+
+
+def _stamp(file: Path) -> tuple[str, int, int]:
+    stat = file.stat()
+    return file.name, stat.st_size, stat.st_mtime_ns
 
 
 @contextlib.contextmanager
@@ -356,14 +374,8 @@ def _dequantise(path: Path, folder: Path, identity: dict) -> Path:
         return replace_folder(
             folder, write, stale, prefix=f".{folder.name}-", what="GGUF cache entry"
         )
-    except (OSError, SafetensorError) as err:
-        if (
-            isinstance(err, OSError)
-            and err.errno != errno.ENOSPC
-            and "No space left" not in str(err)
-        ):
-            raise
-        if isinstance(err, SafetensorError) and "No space left" not in str(err):
+    except (OSError, SafetensorError) as err:  # safetensors words a full disk, no errno
+        if getattr(err, "errno", None) != errno.ENOSPC and "No space left" not in str(err):
             raise
         raise ValueError(
             f"{path}: no space left on the device of {folder.parent} to dequantise it into "
