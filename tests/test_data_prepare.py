@@ -5,6 +5,7 @@ Run: /tmp/venv/bin/pytest tests/test_data_prepare.py -q
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -63,9 +64,13 @@ def test_folder_source_order_suffixes_and_exclusions(tmp_path):
     write_jsonl(tmp_path / "sub" / "e.jsonl", ["E1", "E2"])
     (tmp_path / "site-packages" / "x.py").write_text("X")
     docs = list(iter_documents(str(tmp_path)))
-    assert docs == ["A", "B", "C", "E1", "E2"]  # d.rst is not UTF-8: skipped, not U+FFFD
-    assert list(iter_documents(str(tmp_path), encoding="latin-1"))[3] == "D\xff"
-    assert list(iter_documents(str(tmp_path), limit=2)) == ["A", "B"]
+    # files in the order of their relative paths' sha256; d.rst is not UTF-8: skipped, not U+FFFD
+    texts = {"a.md": ["A"], "b.txt": ["B"], "sub/c.py": ["C"], "sub/e.jsonl": ["E1", "E2"]}
+    expected = [d for name in sorted(texts, key=_path_hash) for d in texts[name]]
+    assert expected != ["A", "B", "C", "E1", "E2"]  # (so the test tells the orders apart)
+    assert docs == expected
+    assert "D\xff" in list(iter_documents(str(tmp_path), encoding="latin-1"))
+    assert list(iter_documents(str(tmp_path), limit=2)) == expected[:2]
     assert list(iter_documents(str(tmp_path / "b.txt"))) == ["B"]
 
 
@@ -84,8 +89,17 @@ def test_unknown_source():
         iter_documents("nope-corpus")
 
 
-def test_stdlib_source_is_deterministic():
-    first = sorted(p for p in stdlib_dir().glob("*.py") if p.stat().st_size)[0]
+def _path_hash(relative: str) -> bytes:
+    return hashlib.sha256(relative.encode()).digest()
+
+
+def test_stdlib_source_is_deterministic_and_spans_the_library():
+    root = stdlib_dir()
+    files = [
+        p for p in root.rglob("*.py")
+        if p.stat().st_size and not {"site-packages", "dist-packages", "__pycache__"} & set(p.parts)
+    ]  # fmt: skip
+    first = min(files, key=lambda p: _path_hash(p.relative_to(root).as_posix()))
     docs = list(iter_documents("stdlib", limit=5))
     assert len(docs) == 5
     assert docs == list(iter_documents("stdlib", limit=5))
@@ -222,6 +236,29 @@ def test_max_tokens_is_exact(tmp_path):
     )
     tokens = load_manifest(out)["tokens"]
     assert tokens["train"] + tokens["val"] == 777
+
+
+def test_token_cap_applies_per_side_after_the_split(tmp_path):
+    """Seen: the cap applied before the split, so the demo's held-out set was every 5th of the
+    first 307 of 1,790 stdlib files (an alphabetical prefix). Now each side gets its share of
+    the cap and keeps reading while the other is full; a folder is read in path-hash order."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(100):
+        (folder / f"doc{i:03d}.txt").write_text(f"<{i:03d}>" + "x" * 20)
+    out = prepare_dataset(
+        str(folder), tmp_path / "out", "byte", val_fraction=0.2, max_tokens=1000,
+        progress=False, workers=1,
+    )  # fmt: skip
+    manifest = load_manifest(out)
+    assert manifest["tokens"] == {"train": 800, "val": 200}
+    eot = get_tokenizer("byte").eot_token
+    names = [
+        bytes(t for t in doc if t != eot)[1:4].decode()
+        for split in ("train", "val")
+        for doc in np.split(load_split_tokens(out, split), np.flatnonzero(load_split_tokens(out, split) == eot)[1:])
+    ]  # fmt: skip
+    assert max(int(n) for n in names if n.isdigit()) >= 90  # not a prefix of doc000..doc039
 
 
 def test_stdlib_prepare(tmp_path):

@@ -84,6 +84,7 @@ def test_copy_model_solves_recall_and_uniform_model_is_at_chance() -> None:
         "centered": 1.0,
         "chance": 0.25,
         "n_items": 10,
+        "item_correct": [True] * 10,
     }
     assert out["score"] == 1.0 and out["max_tokens"] == 128
     uniform = TableLM(torch.zeros(257, 257), block_size=128)

@@ -33,6 +33,29 @@ def test_window_starts_deterministic_non_overlapping_spread() -> None:
     assert len(window_starts(10, 10, 5)) == 0  # needs length + 1 tokens
 
 
+def test_windows_are_spread_over_documents_not_tokens() -> None:
+    """Seen: the demo's held-out set had 5 of 62 files holding 45% of its tokens, and windows
+    spread over tokens started in 22 of the 62 at 16x. Spread over documents, every document
+    gets a window while there are as many windows as documents, each at an offset of its own."""
+    sizes = [5000, 40, 60, 4000, 50, 70, 30, 3000, 45, 55]  # three documents hold 97%
+    opens = np.cumsum([0, *sizes])[:-1]
+    n_tokens = int(sum(sizes))
+    for length, n in ((16, 10), (16, 25), (100, 10), (400, 30)):
+        starts = window_starts(n_tokens, length, n, opens)
+        assert len(starts) == min(n, (n_tokens - 1) // length)
+        assert np.all(np.diff(starts) >= length) and starts[0] >= 0
+        assert starts[-1] + length + 1 <= n_tokens
+        docs = np.searchsorted(opens, starts, side="right") - 1
+        by_tokens = np.searchsorted(opens, window_starts(n_tokens, length, n), side="right") - 1
+        if length == 16:  # short windows: every document holds one
+            assert len(np.unique(docs)) == len(sizes) > len(np.unique(by_tokens))
+        else:  # long windows overlap the short documents: still more documents than by tokens
+            assert len(np.unique(docs)) >= len(np.unique(by_tokens))
+    assert window_starts(n_tokens, 16, 10, opens).tolist() == (
+        window_starts(n_tokens, 16, 10, opens).tolist()
+    )
+
+
 def test_uniform_model_has_perplexity_vocab_size() -> None:
     model = TableLM(torch.zeros(7, 7), block_size=8)
     tokens = np.random.default_rng(0).integers(0, 7, 500)
@@ -189,7 +212,7 @@ def test_intervals_resample_the_documents_windows_start_in() -> None:
         model, tokens, [8], scalings=(None,), max_tokens_per_length=0, batch_size=8,
         min_windows=30, eot_token=eot, progress=False,
     )["results"][None][8]  # fmt: skip
-    starts = window_starts(len(tokens), 8, 30)
+    starts = window_starts(len(tokens), 8, 30, opens)
     by_hand = [int(np.flatnonzero(opens <= s)[-1]) for s in starts]
     assert cell["window_docs"] == by_hand == window_documents(tokens, starts, eot).tolist()
     assert cell["n_documents"] == 5 and cell["ci_unit"] == "document"
@@ -201,6 +224,7 @@ def test_intervals_resample_the_documents_windows_start_in() -> None:
         min_windows=30, progress=False,
     )["results"][None][8]  # fmt: skip
     assert plain["ci_unit"] == "window" and plain["window_docs"] is None
-    assert plain["ppl"] == cell["ppl"] and plain["ppl_ci"] != cell["ppl_ci"]
+    # (and the windows are spread over the tokens: the documents are unknown)
+    assert plain["n_windows"] == cell["n_windows"] and plain["ppl_ci"] != cell["ppl_ci"]
     # text before the first end-of-text token is its own document (-1)
     assert window_documents(tokens[5:], np.array([0, 60]), eot).tolist() == [-1, 0]

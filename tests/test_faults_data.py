@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -312,7 +313,7 @@ def test_first_run_summary_is_one_short_line_of_relative_paths(tmp_path, caplog)
     assert caplog.text == ""  # per-file lines only at debug level
     line = report.summary()
     assert str(tmp_path) not in line and len(line) < 200, line
-    assert "5 not decodable (deep/er/bad0.txt, deep/er/bad1.txt and 3 more)" in line
+    assert re.search(r"5 not decodable \(deep/er/bad\d\.txt, deep/er/bad\d\.txt and 3 more\)", line)
     assert "40 of other types (" in line and "36 more kinds" in line
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from preemption import assert_same_run, preempted_at_batch
 from rove.model import GPT
@@ -49,6 +50,7 @@ def test_loss_falls_and_run_dir_contents(data_dir, tmp_path):
     assert summary["steps"] == 30 and summary["tokens"] == 30_720
     assert summary["final_val_loss"] == vals[30]
     assert summary["tokens_per_s"] > 0 and summary["autocast"] == "fp32"
+    assert summary["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     stored = json.loads((run_dir / "recipe.json").read_text())
     assert TrainConfig.from_dict(stored["train"]) == cfg.resolve()
     assert stored["model"]["vocab_size"] == 320 and stored["model"]["pos"] == "rove"
@@ -73,6 +75,9 @@ def test_interrupted_run_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch):
     resumed = train(cut_cfg, progress=False, resume=True)
 
     assert_same_run(resumed, full)
+    # reports say a run was resumed, and where (the header of every comparison report)
+    assert json.loads((resumed / "summary.json").read_text())["resumed_at"] == [4]
+    assert json.loads((full / "summary.json").read_text())["resumed_at"] == []
 
 
 def test_existing_run_and_resume_rules(data_dir, tmp_path):

@@ -45,7 +45,13 @@ from rove.configs import check_types, dataclass_from_dict, read_json_config
 from rove.eval.suite import EvalConfig, eval_output_lock, evaluate_checkpoint
 from rove.lock import lock_folder
 from rove.model import MODEL_POS_CHOICES
-from rove.precision import PRECISIONS, legacy_precision
+from rove.precision import (
+    PRECISIONS,
+    describe_precision,
+    legacy_precision,
+    machine_facts,
+    resolve_device,
+)
 from rove.report import findings, write_report
 from rove.terminal import (
     DefaultsFormatter,
@@ -296,7 +302,15 @@ def _pin_precision(cfg: CompareConfig) -> CompareConfig:
 
 def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) -> Path:
     remove_temp_files(out)  # of a comparison killed while writing (this one holds the lock)
+    requested = cfg.train.get("dtype", "auto")
     cfg = _pin_precision(cfg)
+    precision = {  # the precision every run trained in, and why (for the report's header)
+        "requested": requested,
+        "ran": cfg.train["dtype"],
+        "why": describe_precision(requested, resolve_device(cfg.train.get("device", "auto")))
+        if requested == "auto"
+        else f"precision: {requested} (requested)",
+    }
     _check_stale(cfg, force)
     write_json_atomic(out / run_files.COMPARE_CONFIG, dataclasses.asdict(cfg))
     jobs = [(pos, seed) for seed in cfg.seeds for pos in cfg.pos]
@@ -313,6 +327,8 @@ def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) 
             "config": dataclasses.asdict(cfg),
             "setup": _setup_line(cfg, runs),
             "machine": platform.platform(),
+            "host": machine_facts(resolve_device(cfg.train.get("device", "auto"))),
+            "precision": precision,
             "runs": runs,
         }
         write_json_atomic(out / run_files.RESULTS, results)

@@ -35,8 +35,10 @@ __all__ = [
     "PRECISIONS",
     "autocast_dtype",
     "cpu_has_native_bf16",
+    "describe_machine",
     "describe_precision",
     "legacy_precision",
+    "machine_facts",
     "resolve_device",
     "resolve_dtype",
 ]
@@ -93,6 +95,42 @@ def cpu_has_native_bf16() -> bool:
     if machine in ("aarch64", "arm64"):
         return "bf16" in flags or platform.system() == "Darwin"
     return False
+
+
+def machine_facts(device: torch.device | str = "cpu") -> dict:
+    """What decides a run's numbers on this machine, for its records and every report header:
+    the GPU, or the CPU's kernel level (``get_cpu_capability``), whether it has native bf16,
+    the ISA caps set in the environment, torch's threads and version."""
+    device = torch.device(device)
+    caps = {
+        k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if k in os.environ
+    }
+    return {
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "cpu": platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "native_bf16": cpu_has_native_bf16(),
+        "isa_caps": caps,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+
+
+def describe_machine(facts: dict) -> str:
+    """``facts`` (:func:`machine_facts`) in a few words: ``NVIDIA H200`` or ``x86_64 CPU,
+    AVX512 kernels, native bf16, 2 threads (ATEN_CPU_CAPABILITY=avx2)``."""
+    if facts.get("gpu"):
+        where = str(facts["gpu"])
+    else:
+        bf16 = "native bf16" if facts.get("native_bf16") else "no native bf16"
+        where = (
+            f"{facts.get('cpu', '?')} CPU, {facts.get('cpu_capability', '?')} kernels, {bf16}, "
+            f"{facts.get('threads', '?')} thread(s)"
+        )
+    caps = facts.get("isa_caps") or {}
+    if caps:
+        where += " (" + ", ".join(f"{k}={v}" for k, v in sorted(caps.items())) + ")"
+    return where
 
 
 def resolve_device(device: str) -> str:

@@ -33,9 +33,12 @@ with needs_extra("toolkit", __name__):
 __all__ = [
     "MIN_TEST_N",
     "Paired",
+    "PairedBootstrap",
+    "Stratum",
     "Summary",
     "bootstrap_mean_ci",
     "paired",
+    "paired_bootstrap",
     "summarize",
 ]
 
@@ -186,15 +189,91 @@ def _cluster_bootstrap(
     values over the count (groups of different sizes weigh by size, as in the plain mean)."""
     if groups.shape != xs.shape:
         raise ValueError(f"groups must label every value: {groups.shape} for {xs.shape} values")
-    labels, index = np.unique(groups, return_inverse=True)
-    if len(labels) < 2:
-        raise ValueError(f"a grouped bootstrap needs at least 2 groups, got {len(labels)}")
+    if len(np.unique(groups)) < 2:
+        raise ValueError(
+            f"a grouped bootstrap needs at least 2 groups, got {len(np.unique(groups))}"
+        )
     if np.ptp(xs) == 0:
         return (float(xs[0]), float(xs[0]))
-    sums = np.bincount(index, weights=xs)  # (G,)
-    counts = np.bincount(index).astype(np.float64)  # (G,)
-    draws = np.random.default_rng(seed).integers(0, len(labels), (n_resamples, len(labels)))
-    means = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)  # (n_resamples,)
+    means = _cluster_means(xs, groups, np.random.default_rng(seed), n_resamples)
     alpha = (1 - confidence) / 2
     low, high = np.quantile(means, [alpha, 1 - alpha])
     return (float(low), float(high))
+
+
+def _cluster_means(
+    xs: np.ndarray, groups: np.ndarray, rng: np.random.Generator, n_resamples: int
+) -> np.ndarray:
+    """``(n_resamples,)`` pooled means of ``xs`` over resamples of its whole groups."""
+    labels, index = np.unique(groups, return_inverse=True)
+    sums = np.bincount(index, weights=xs)  # (G,)
+    counts = np.bincount(index).astype(np.float64)  # (G,)
+    draws = rng.integers(0, len(labels), (n_resamples, len(labels)))
+    return sums[draws].sum(axis=1) / counts[draws].sum(axis=1)
+
+
+@dataclass(frozen=True)
+class Stratum:
+    """The units one part of a metric averages: ``weight`` times the pooled mean of ``values``
+    is that part's share of the metric. ``clusters`` labels units that are not independent
+    draws (the windows of one document); None: every unit is its own. A perplexity is one
+    stratum (its windows, clustered by document); a RULER average has one per task."""
+
+    weight: float
+    values: np.ndarray
+    clusters: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class PairedBootstrap:
+    """The bootstrap of a seed-mean paired difference over the evaluation's own units."""
+
+    mean: float  # the metric's difference on the units, method - baseline, averaged over seeds
+    low: float
+    high: float
+    share_below: float  # of resamples whose difference is < 0
+    clusters_below: int  # clusters (documents, samples) whose mean difference is < 0
+    clusters_above: int
+    clusters: int
+
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+
+def paired_bootstrap(
+    strata: Sequence[Stratum],
+    *,
+    confidence: float = CONFIDENCE,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> PairedBootstrap:
+    """Percentile bootstrap of ``sum_s weight_s * mean(values_s)`` where ``values`` are per-unit
+    paired differences (each unit scored for both methods, averaged over seeds).
+
+    Each stratum's clusters are resampled with replacement inside it (a stratified cluster
+    bootstrap): what varies is which held-out text (documents, samples) was drawn, with the
+    trained models fixed. So the interval says whether *these* models differ on such text; the
+    seed statistics say whether the difference survives retraining. A report shows both.
+    """
+    rng = np.random.default_rng(seed)
+    total = np.zeros(n_resamples)
+    point, below, above, n_clusters = 0.0, 0, 0, 0
+    for st in strata:
+        xs = np.asarray(st.values, dtype=np.float64)
+        if xs.ndim != 1 or len(xs) == 0 or not np.all(np.isfinite(xs)):
+            raise ValueError(f"a stratum needs finite 1-D values, got {xs.shape} with non-finite")
+        groups = np.arange(len(xs)) if st.clusters is None else np.asarray(st.clusters)
+        if groups.shape != xs.shape:
+            raise ValueError(f"clusters must label every value: {groups.shape} for {xs.shape}")
+        point += st.weight * float(xs.mean())
+        total += st.weight * _cluster_means(xs, groups, rng, n_resamples)
+        labels, index = np.unique(groups, return_inverse=True)
+        per_cluster = np.bincount(index, weights=xs) / np.bincount(index)
+        below += int(np.sum(per_cluster < 0))
+        above += int(np.sum(per_cluster > 0))
+        n_clusters += len(labels)
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(total, [alpha, 1 - alpha])
+    return PairedBootstrap(
+        point, float(low), float(high), float(np.mean(total < 0)), below, above, n_clusters
+    )

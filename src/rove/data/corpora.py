@@ -4,16 +4,21 @@
 
 * ``"stdlib"`` -- the ``.py`` files of the running interpreter's standard library. It is always
   present, needs no network, and is big enough (tens of MB) for small real training runs, so it
-  is the default corpus. Files are visited in a fixed sorted order; site-packages/dist-packages are
-  excluded so installed third-party code never changes the corpus.
+  is the default corpus. Site-packages/dist-packages are excluded so installed third-party code
+  never changes the corpus.
 * a local path -- a ``.jsonl`` file (one document per line, taken from its ``"text"`` field), any
   other single file (split into documents at blank lines, a longer paragraph cut at
-  ``DOC_CHARS`` characters, so that one book or log is a usable corpus), or a folder searched recursively in sorted order
+  ``DOC_CHARS`` characters, so that one book or log is a usable corpus), or a folder searched recursively
   for ``.txt``, ``.md``, ``.rst`` and ``.py`` files (one document each) and ``.jsonl`` files;
   other files (``.json`` included) are skipped and counted by extension, as are site-packages,
   dist-packages and __pycache__ folders.
 * ``"fineweb-edu"`` -- HuggingFaceFW/fineweb-edu, config ``sample-10BT``, streamed with the
   optional ``datasets`` package (the ``fineweb`` extra).
+
+A folder's files (the stdlib's too) are visited in the order of the sha256 of their path relative
+to the folder: fixed on every machine and file system, independent of which other files exist, and
+unrelated to the alphabet, so any prefix of the stream (a token cap, every k-th document held out)
+samples the whole folder instead of its first packages.
 
 Files are decoded strictly (UTF-8 unless ``encoding`` is given): a binary file (a NUL byte in its
 first 8 KiB) or one that does not decode is skipped with a warning and counted, never trained on as
@@ -25,6 +30,7 @@ read and skipped is tallied in a :class:`CorpusReport`. Empty documents are skip
 from __future__ import annotations
 
 import codecs
+import hashlib
 import itertools
 import json
 import logging
@@ -151,6 +157,14 @@ def _walk_sorted(
             yield path
 
 
+def _hash_order(root: Path, files: Iterator[Path]) -> list[Path]:
+    """``files`` ordered by the sha256 of their path relative to ``root`` (see the module
+    docstring for why not sorted)."""
+    return sorted(
+        files, key=lambda f: hashlib.sha256(f.relative_to(root).as_posix().encode()).digest()
+    )
+
+
 def _skip(report: CorpusReport | None, kind: str, path: Path, why: str) -> None:
     """Count a skipped file (the summary line reports it); silent without a report (e.g. when
     only hashing). Each path is logged at debug level only: a first run over a system's stdlib
@@ -216,7 +230,7 @@ def _path_documents(path: Path, encoding: str, report: CorpusReport | None) -> I
         else:
             yield from split_text(_read_text(path, encoding, report))
         return
-    for file in _walk_sorted(path, (*FOLDER_SUFFIXES, JSONL_SUFFIX), report):
+    for file in _hash_order(path, _walk_sorted(path, (*FOLDER_SUFFIXES, JSONL_SUFFIX), report)):
         if file.suffix == JSONL_SUFFIX:
             yield from _jsonl_documents(file, encoding, report)
         else:
@@ -255,7 +269,7 @@ def iter_documents(
         root = stdlib_dir() if source == "stdlib" else Path(source)
         report.root = root if root.is_dir() else root.parent
     if source == "stdlib":
-        files = _walk_sorted(stdlib_dir(), (".py",), report)
+        files = _hash_order(stdlib_dir(), _walk_sorted(stdlib_dir(), (".py",), report))
         docs: Iterator[str] = (_read_text(f, encoding, report) for f in files)
     elif source == "fineweb-edu":
         docs = _fineweb_edu_documents()

@@ -13,10 +13,15 @@ Design points:
 * Train/val split by document: document ``i`` (0-based, in source order) goes to val when
   ``i % k == 0`` with ``k = round(1 / val_fraction)``. Val therefore always gets document 0 (it
   is never empty), is spread evenly over the corpus rather than being one contiguous region,
-  and the rule needs no knowledge of the corpus size, so it works on streams.
+  and the rule needs no knowledge of the corpus size, so it works on streams. A folder's files
+  (the stdlib's too) come in the order of a hash of their paths (``rove.data.corpora``), so a
+  capped dataset samples the whole folder rather than its alphabetical prefix.
 * Tokenization runs in a process pool, but results are consumed in document order, so shards
   are byte-identical whatever the worker count.
-* ``max_tokens`` caps the total (train + val) token count; the last document is truncated.
+* ``max_tokens`` caps the total token count, split between the sides after the split: val holds
+  at most ``round(max_tokens * val_fraction)`` tokens and train the rest; a side that is full
+  takes no more documents (the one that fills it is truncated) while the other keeps reading.
+  Capping before the split would make both sides the prefix of the source that fits the cap.
 * Identity: everything that shapes the tokens (source identity, tokenizer identity, max_tokens,
   val_fraction, shard size, encoding, ``PREPARE_VERSION``) forms the manifest's ``settings``, and
   their hash (:func:`dataset_fingerprint`) names the default folder, so runs with different
@@ -41,6 +46,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -91,7 +97,7 @@ SHARD_NAME = re.compile(r"^(train|val)_\d{6}\.bin$")
 CHUNK_DOCS = 32
 # Bump whenever the same settings would produce different tokens (document splitting, decoding,
 # EOT placement, split rule): it is part of every dataset's fingerprint.
-PREPARE_VERSION = 2
+PREPARE_VERSION = 3  # 3: folders in path-hash order, the token cap applied per side
 DEFAULT_VAL_FRACTION = 0.01
 DEFAULT_SHARD_TOKENS = 100_000_000
 
@@ -479,7 +485,7 @@ def _write_dataset(
         split: _ShardWriter(folder, split, settings["shard_tokens"], dtype) for split in SPLITS
     }
     encoded = _encoded_documents(docs, tokenizer, workers)
-    total = 0
+    caps = _side_caps(max_tokens, settings["val_fraction"])
     name = source.get("path", source["name"])
     with needs_extra("toolkit", "rove data prepare"):
         from tqdm import tqdm
@@ -492,12 +498,14 @@ def _write_dataset(
     ) as bar:
         try:
             for index, tokens in enumerate(encoded):
-                if max_tokens is not None:
-                    tokens = tokens[: max_tokens - total]
-                writers["val" if index % val_every == 0 else "train"].add(tokens)
-                total += len(tokens)
+                writer = writers["val" if index % val_every == 0 else "train"]
+                room = caps[writer.split] - writer.tokens
+                if room <= 0:
+                    continue  # this side is full: the other one still takes its documents
+                tokens = tokens if len(tokens) <= room else tokens[: int(room)]
+                writer.add(tokens)
                 bar.update(len(tokens))
-                if max_tokens is not None and total >= max_tokens:
+                if all(w.tokens >= caps[split] for split, w in writers.items()):
                     break
         finally:
             encoded.close()
@@ -533,6 +541,15 @@ def _write_dataset(
         },
     }
     write_json_atomic(folder / MANIFEST_NAME, manifest)
+
+
+def _side_caps(max_tokens: int | None, val_fraction: float) -> dict[str, float]:
+    """Tokens each side may hold: ``max_tokens`` split by ``val_fraction`` (at least one token
+    each), or no limit."""
+    if max_tokens is None:
+        return dict.fromkeys(SPLITS, math.inf)
+    val = min(max(1, round(max_tokens * val_fraction)), max_tokens - 1)
+    return {"train": max_tokens - val, "val": val}
 
 
 def manifest_sha256(data_dir: str | Path) -> str:

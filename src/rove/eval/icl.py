@@ -247,6 +247,7 @@ def evaluate_icl(
             "centered": centered_accuracy(acc, chance),
             "chance": chance,
             "n_items": len(items),
+            "item_correct": [bool(r.correct) for r in results],  # a paired bootstrap's units
         }
     score = float(np.mean([r["centered"] for r in per_task.values()])) if per_task else None
     return {"score": score, "seed": seed, "max_tokens": max_tokens, "tasks": per_task,

@@ -553,6 +553,7 @@ def _score_samples(
     ]
     return {
         "nll": float(np.mean([sc.nll_mean for sc in scores])),
+        "sample_nll": [float(sc.nll_mean) for sc in scores],  # per sample: a paired bootstrap
         "nll_sum": float(np.mean([sc.nll_sum for sc in scores])),
         "accuracy": float(np.mean(accs)),
         "n_samples": len(samples),

@@ -261,6 +261,13 @@ def _ppl_record(
         "ppl_ci": {
             scaling_key(k): {str(n): r["ppl_ci"] for n, r in c.items()} for k, c in cells.items()
         },
+        # each window's mean loss and the document it starts in (the same windows for every
+        # model of the same held-out text): the report's paired document bootstrap
+        "ppl_window_loss": {
+            scaling_key(k): {str(n): _finite_list(r["window_loss"]) for n, r in c.items()}
+            for k, c in cells.items()
+        },
+        "ppl_window_docs": {str(n): r["window_docs"] for n, r in plain.items()},
         "ppl_windows": {str(n): r["n_windows"] for n, r in plain.items()},
         "ppl_documents": {str(n): r["n_documents"] for n, r in plain.items()},
         "ppl_ci_unit": {str(n): r["ci_unit"] for n, r in plain.items()},
@@ -324,10 +331,16 @@ def _ruler_record(
     return {"ruler": ruler, "ruler_not_run": _ruler_not_run(cfg)}
 
 
+def _finite_list(values: list[float] | None) -> list[float | None] | None:
+    return None if values is None else [_finite(x) for x in values]
+
+
 def _ruler_cell(result: dict[str, Any]) -> dict[str, Any]:
     """The fields of one RULER result the record keeps, a non-finite NLL as ``None`` (JSON)."""
     return {
         "nll": _finite(result["nll"]),
+        # each sample's answer NLL (the same samples for every model): a paired bootstrap
+        "sample_nll": _finite_list(result.get("sample_nll", [])),
         "accuracy": result["accuracy"],
         "n_samples": result["n_samples"],
         "error": result["error"],

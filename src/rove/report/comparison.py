@@ -41,6 +41,7 @@ from rove.report.plots import (
     plot_ruler,
     plot_training_curves,
 )
+from rove.report.provenance import what_ran
 from rove.report.recovery import (
     END_POINTS,
     SeedRecovery,
@@ -56,7 +57,8 @@ from rove.report.recovery import (
     seeds_cell,
     val_curve,
 )
-from rove.stats import MIN_TEST_N, Summary, paired, summarize
+from rove.report.units import Units, icl_units, paired_units, ppl_units, ruler_units
+from rove.stats import MIN_TEST_N, Paired, PairedBootstrap, Summary, paired, summarize
 
 __all__ = [
     "PROJECT_CHOICES",
@@ -76,6 +78,9 @@ class Metric:
     name: str
     get: Callable[[dict], float | None]
     lower_is_better: bool
+    units: Units | None = None  # the evaluation units it averages: the paired bootstrap's
+    unit_name: str = "units"  # what they are called in the report, clusters if any
+    scale: str = ""  # the bootstrap's scale when it is not the metric's own
 
     def better(self, a: float, b: float) -> bool:
         return a < b if self.lower_is_better else a > b
@@ -101,15 +106,20 @@ def metrics_of(runs: list[dict]) -> list[Metric]:
     out: list[Metric] = []
     at = partial(length_label, train_len=_train_len(runs))
     if any("icl" in r for r in runs):
-        out.append(Metric("ICL centered acc", _value_at("icl", "mean_centered"), False))
+        out.append(
+            Metric("ICL centered acc", _value_at("icl", "mean_centered"), False, icl_units, "items")
+        )
     if any("core" in r for r in runs):
         out.append(Metric("CORE", _value_at("core", "core"), False))
     for n in _lengths(runs, "ppl"):
-        out.append(Metric(f"PPL@{at(n)}", _value_at("ppl", str(n)), True))
+        out.append(
+            Metric(f"PPL@{at(n)}", _value_at("ppl", str(n)), True, ppl_units(None, n), *_PPL_UNITS)
+        )
     for scaled in scaled_kinds(runs):
         for n in _lengths(runs, "ppl_scaled", scaled):
             name = scaled_label(f"PPL@{at(n)}", scaled)
-            out.append(Metric(name, _value_at("ppl_scaled", scaled, str(n)), True))
+            get = _value_at("ppl_scaled", scaled, str(n))
+            out.append(Metric(name, get, True, ppl_units(scaled, n), *_PPL_UNITS))
     tried = ruler_variants(runs)
     for kind, n, group in _ruler_columns(runs):
         out.append(
@@ -117,9 +127,14 @@ def metrics_of(runs: list[dict]) -> list[Metric]:
                 f"RULER {scaled_label(group_header(group, tried), kind)}@{at(n)} NLL",
                 partial(_group_value, kind=kind, length=n, group=group),
                 True,
+                ruler_units(kind, n, group),
+                "samples",
             )
         )
     return out
+
+
+_PPL_UNITS = ("documents", "nats")  # windows clustered by document; ppl on a log scale
 
 
 def _value_at(*keys: str) -> Callable[[dict], float | None]:
@@ -232,6 +247,12 @@ def _ppl_notes(runs: list[dict]) -> list[str]:
     if any(docs.values()):
         parts = [f"{at(n)}: {'/'.join(map(str, d))}" for n, d in docs.items() if d]
         lines.append(f"Documents those windows start in: {', '.join(parts)}.")
+    held = _span([(r.get("data") or {}).get("tokens") for r in runs])
+    scored = [f"{at(n)}: {'/'.join(f'{w * n:,}' for w in ws)}" for n, ws in windows.items() if ws]
+    if scored:
+        lines.append(
+            f"Tokens scored per length (of the held-out set's {held}): {', '.join(scored)}."
+        )
     resampled = (
         "documents, each with all its windows (a cluster bootstrap: windows of one document "
         "are not independent samples of held-out text)"
@@ -251,9 +272,11 @@ def _ppl_notes(runs: list[dict]) -> list[str]:
             widths.append(f"{at(n)}: ±{100 * summarize(rel).mean:.1f}%")
     if widths:
         lines.append(
-            "Within-run noise (half-width of the 95% bootstrap interval, relative, mean over "
-            f"runs): {', '.join(widths)}. The bootstrap resamples {resampled}. With one seed, "
-            "cells show that interval."
+            "Unpaired per-run interval (half-width of one run's 95% bootstrap interval of its "
+            f"perplexity, relative, mean over runs): {', '.join(widths)}. It resamples {resampled}. "
+            "It is not the comparison's uncertainty: every model is scored on the same windows, "
+            "and the Paired comparison table bootstraps the difference itself. With one seed, "
+            "cells show this interval."
         )
     reasons = _reasons(runs, lambda r: {**r.get("ppl_errors", {}), **r.get("ppl_notes", {})})
     if reasons:
@@ -454,9 +477,11 @@ def _paired_table(runs: list[dict], baseline: str) -> tuple[list[str], list[str]
             p = paired(_by_seed(runs, label, m), _by_seed(runs, baseline, m), m.better)
             if p.n == 0:
                 continue
+            boot = None if m.units is None else paired_units(runs, label, baseline, m.units)
             rows.append(
                 [m.name, f"{label} - {baseline}", p.diff.fmt(3), p.ci_text(), p.test_text(),
-                 f"{p.wins}/{p.losses}/{p.n}"]
+                 f"{p.wins}/{p.losses}/{p.n}", _boot_cell(boot, m, label),
+                 _limited_by(p, boot)]
             )  # fmt: skip
             if m.name.startswith(("ICL", "CORE")) and _at_chance(runs, m, (label, baseline)):
                 findings.append(
@@ -466,17 +491,64 @@ def _paired_table(runs: list[dict], baseline: str) -> tuple[list[str], list[str]
                 )
             elif not m.name.startswith("RULER") or "average" in m.name:
                 direction = "lower" if m.lower_is_better else "higher"
+                paired_text = "" if boot is None else f"; {_boot_finding(boot, m, label)}"
                 findings.append(
                     f"- {m.name}: {label} is {p.verdict()} vs {baseline} "
                     f"(mean difference {p.diff.mean:+.3g}, {direction} is better; "
-                    f"{p.test_text()})."
+                    f"{p.test_text()}{paired_text})."
                 )
     table = _table(
         ["metric", "difference", "mean ± std over seeds", "95% CI of the mean", "paired tests",
-         "wins/losses/seeds"],
+         "wins/losses/seeds", "paired bootstrap over the held-out units", "limited by"],
         rows,
     )  # fmt: skip
     return table, findings
+
+
+def _better_share(boot: PairedBootstrap, m: Metric) -> tuple[float, int]:
+    """(share of resamples, clusters) in which the method comes out better."""
+    if m.lower_is_better:
+        return boot.share_below, boot.clusters_below
+    return 1 - boot.share_below, boot.clusters_above
+
+
+def _boot_cell(boot: PairedBootstrap | None, m: Metric, label: str) -> str:
+    """The seed-mean difference over the units with its 95% interval, the share of resamples
+    and of clusters in which ``label`` is better."""
+    if boot is None:
+        return "n/a (units not recorded)"
+    share, clusters = _better_share(boot, m)
+    scale = f" {m.scale}" if m.scale else ""
+    return (
+        f"{boot.mean:+.4f}{scale} [{boot.low:+.4f}, {boot.high:+.4f}]; {label} better in "
+        f"{100 * share:.0f}% of resamples, {clusters}/{boot.clusters} {m.unit_name}"
+    )
+
+
+def _boot_finding(boot: PairedBootstrap, m: Metric, label: str) -> str:
+    share, clusters = _better_share(boot, m)
+    scale = f" {m.scale}" if m.scale else ""
+    return (
+        f"paired over {boot.clusters} {m.unit_name}: {boot.mean:+.3g}{scale} "
+        f"[{boot.low:+.3g}, {boot.high:+.3g}], {label} better in {100 * share:.0f}% of resamples "
+        f"and in {clusters} of the {boot.clusters} {m.unit_name}"
+    )
+
+
+def _limited_by(p: Paired, boot: PairedBootstrap | None) -> str:
+    """Which evidence limits the conclusion: the seeds (retraining) or the held-out text
+    (the units scored). Decisive: the seed t test at p < 0.05; the bootstrap interval
+    excluding 0."""
+    if boot is None:
+        return "n/a"
+    seeds = p.tested and p.p_t < 0.05
+    text = boot.excludes_zero()
+    return {
+        (True, True): "neither",
+        (False, True): "seeds",
+        (True, False): "held-out text",
+        (False, False): "both",
+    }[(seeds, text)]
 
 
 def _icl_section(runs: list[dict], labels: list[str]) -> list[str]:
@@ -754,6 +826,10 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         f"tokens. {results.get('setup', '')}".strip(),
         "",
         *([f"{note}.", ""] if (note := context_note(runs[0])) else []),
+        "What ran:",
+        "",
+        *what_ran(results),
+        "",
         held_out_line(runs),
         "",
         "## What we found",
@@ -765,7 +841,14 @@ def render_report(results: dict, figures: dict[str, str] | None = None) -> str:
         "",
         "Paired tests over seeds: Student t on the per-seed differences (t(df), two-sided p) and "
         f"the exact Wilcoxon signed-rank test; with fewer than {MIN_TEST_N} seeds no test is run "
-        "(n < 3: no test).",
+        "(n < 3: no test). Paired bootstrap: every model is scored on the same held-out units "
+        "(perplexity windows, clustered by the document each starts in; RULER samples and ICL "
+        "items, within each task), so the seed-mean difference is taken unit by unit and "
+        "bootstrapped by resampling the units (documents with all their windows), the trained "
+        "models fixed: it says whether these models differ beyond which text was scored, the "
+        "seed statistics whether the difference survives retraining. 'Limited by' names the "
+        "evidence that falls short: seeds (t test p >= 0.05), held-out text (bootstrap interval "
+        "includes 0), both, or neither.",
         "",
         "## Main results (mean ± std over seeds)",
         "",

@@ -53,7 +53,7 @@ from rove.checkpoint import capture_rng, save_checkpoint
 from rove.data import TokenLoader, verify_data_identity
 from rove.functional import conversion_fraction
 from rove.model import GPT
-from rove.precision import autocast_dtype
+from rove.precision import autocast_dtype, machine_facts
 from rove.terminal import interactive
 from rove.train.config import TrainConfig, build_model_config, check_data_tokenizer
 from rove.train.distributed import (
@@ -509,12 +509,12 @@ def _checkpoint_or_stop(run: Run, state: Progress, stop: StopOnSignal) -> None:
     signum = stop.requested(run.info) if state.step < cfg.max_steps else 0
     if signum or _due(state.step, cfg.checkpoint_interval, cfg.max_steps):
         elapsed = state.elapsed_before + time.perf_counter() - run.started
-        state.last_ckpt = _save(run, state.step, elapsed) or state.last_ckpt
+        state.last_ckpt = _save(run, state.step, elapsed, state.resumed_at) or state.last_ckpt
     if signum:
         raise TrainingInterrupted(signum, state.step, state.last_ckpt)
 
 
-def _save(run: Run, at: int, elapsed: float) -> Path | None:
+def _save(run: Run, at: int, elapsed: float, resumed_at: list[int]) -> Path | None:
     """Checkpoint step ``at`` with every rank's RNG states; rank 0 writes it and returns its path.
 
     Under FSDP the shards are gathered into an unsharded CPU copy first (collective: every
@@ -538,6 +538,7 @@ def _save(run: Run, at: int, elapsed: float) -> Path | None:
                 "rng": rng_states,
                 "world_size": info.world_size,
                 "elapsed_s": elapsed,
+                "resumed_at": resumed_at,
                 "data": run.data.identity,
             },
             keep=cfg.keep_checkpoints,
@@ -584,6 +585,7 @@ def _write_run_summary(run: Run, state: Progress) -> None:
             "steps": run.cfg.max_steps,
             "tokens": run.cfg.max_steps * run.cfg.tokens_per_step,
             "wall_time_s": wall,
+            "resumed_at": state.resumed_at,  # steps of the checkpoints later sessions resumed
             "tokens_per_s": speed,  # this session's training steps, its first one excluded
             "mfu": mfu(run.flops_per_token, speed / info.world_size, run.peak_flops)
             if speed
@@ -601,6 +603,7 @@ def _write_run_summary(run: Run, state: Progress) -> None:
             "precision": run.cfg.dtype,  # resolved once ("bf16" | "fp32"): what every session ran
             "compile": run.cfg.compile,
             "torch_version": torch.__version__,
+            "machine": machine_facts(info.device),  # what decides the numbers (kernels, bf16)
             "rove_version": __version__,
         },
     )

@@ -14,7 +14,7 @@ import logging
 import random
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -337,6 +337,8 @@ class Progress:
     timed_tokens: int = 0
     rate: float | None = None  # smoothed tokens/s, for the bar and the log lines
     last_val: float | None = None  # newest validation loss, for the bar
+    # the steps this run was resumed at, over all its sessions (reports say a run was resumed)
+    resumed_at: list[int] = field(default_factory=list)
 
 
 def remove_leftovers(run_dir: Path) -> None:
@@ -531,7 +533,10 @@ def resume_state(run: Run, ckpt: Checkpoint) -> Progress:
     restore_rng(rng[run.info.rank] if len(rng) == run.info.world_size else rng[0])
     step, elapsed_before = ckpt.meta["step"], float(ckpt.meta.get("elapsed_s", 0.0))
     log.info("resuming %s from step %d", run.dir, step)
-    return Progress(step=step, elapsed_before=elapsed_before, last_ckpt=ckpt.path)
+    resumes = [*ckpt.meta.get("resumed_at", []), step]
+    return Progress(
+        step=step, elapsed_before=elapsed_before, last_ckpt=ckpt.path, resumed_at=resumes
+    )
 
 
 def compile_and_wrap(run: Run) -> tuple[torch.nn.Module, torch.nn.Module]:
