@@ -118,7 +118,12 @@ def _same_units(a: list[Stratum], b: list[Stratum]) -> bool:
     return len(a) == len(b) and all(
         x.weight == y.weight
         and x.values.shape == y.values.shape
-        and (x.clusters is None) == (y.clusters is None)
-        and (x.clusters is None or np.array_equal(x.clusters, y.clusters))
+        and _same_clusters(x.clusters, y.clusters)
         for x, y in zip(a, b, strict=True)
     )
+
+
+def _same_clusters(x: np.ndarray | None, y: np.ndarray | None) -> bool:
+    if x is None or y is None:
+        return x is None and y is None
+    return np.array_equal(x, y)
