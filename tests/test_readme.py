@@ -100,3 +100,27 @@ def test_license_and_citation_match_the_package():
     citation = (root / "CITATION.cff").read_text(encoding="utf-8")
     assert re.search(rf'^version: "{re.escape(__version__)}"$', citation, re.M)
     assert "arXiv:2606.11275" in citation and "license: MIT" in citation
+
+
+def test_the_module_map_lists_every_module_in_its_layer():
+    """docs/architecture.md's module map is the one place the layout is written: every module
+    under src/rove is listed once with the layer tests/test_layers.py gives it, and every
+    listed module exists."""
+    from test_layers import _modules, layer_of
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| `([^`]+)` \|", text, flags=re.M)
+    listed: dict[str, int] = {}
+    for layer, path in rows:
+        name = "rove" if path == "__init__.py" else "rove." + path.removesuffix("/")
+        name = name.removesuffix(".py").replace("/", ".")
+        assert name not in listed, f"{path} is listed twice"
+        listed[name] = int(layer)
+    modules = set(_modules())
+    assert not modules - set(listed), f"not in the module map: {sorted(modules - set(listed))}"
+    assert not set(listed) - modules, f"listed, but no such module: {sorted(set(listed) - modules)}"
+    wrong = {
+        name: (layer, layer_of(name)) for name, layer in listed.items() if layer != layer_of(name)
+    }
+    assert not wrong, f"(listed layer, LAYERS' layer): {wrong}"
+    assert f"in {max(listed.values()) + 1} layers" in text
