@@ -62,12 +62,24 @@ def test_every_page_is_linked_from_the_readme():
     assert not unlinked, unlinked
 
 
-def test_every_relative_link_leads_to_a_file():
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_relative_link_leads_to_a_file_and_heading():
     broken = []
     for page in PAGES:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
-            if "://" not in target and not (page.parent / target).exists():
-                broken.append(f"{page.relative_to(ROOT)}: {target}")
+        text = page.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+            if "://" in target:
+                continue
+            path = page.parent / target if target else page
+            if not path.exists() or (
+                anchor and path.suffix == ".md" and anchor not in _anchors(path)
+            ):
+                broken.append(f"{page.relative_to(ROOT)}: {target}#{anchor}")
     assert not broken, broken
 
 
