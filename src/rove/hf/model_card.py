@@ -371,8 +371,8 @@ def write_adapter_card(
         what = POS_DESCRIPTIONS["rove"][1]
         base_text = f"""
 A LoRA adapter{shape} of `{name}`, a `{model_type}` model, trained with the base converted to
-RoVE attention by `rove.hf.convert`: {what}. The base's weights are unchanged; RoVE is how its
-attention runs, so the adapter belongs to the converted base. `adapter_config.json` names the
+RoVE attention by `rove.hf.convert` ({what}). The base's weights are unchanged; RoVE is how
+its attention runs, so the adapter belongs to the converted base. `adapter_config.json` names the
 base (`base_model_name_or_path`) and records under `"rove"` that it ran as RoVE (PEFT ignores
 the key, with a warning naming it).
 
