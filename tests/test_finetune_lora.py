@@ -91,6 +91,9 @@ def test_the_adapter_loads_on_its_source_in_a_fresh_process_as_rove(lora_run, ll
     config = json.loads((folder / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(llama.resolve())
     assert config["rove"] == {"pos": "rove", "model_type": "llama"}
+    card = (folder / "README.md").read_text()  # rove's card, not PEFT's template
+    assert "rove.hf.load_adapter(path)" in card and "runs RoPE attention" in card
+    assert f"of {llama.name}" in card and "tokens of" in card
 
     assert_same_in_a_fresh_process("rove.hf.load_adapter(sys.argv[1])", folder, lora_run, tmp_path)
 

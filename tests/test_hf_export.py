@@ -14,7 +14,6 @@ import transformers
 from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from rove._extras import install_hint
 from rove.atomic import SAVE_MANIFEST
 from rove.checkpoint import save_checkpoint
 from rove.data import get_tokenizer
@@ -26,7 +25,7 @@ from rove.hf.export import (
     load_exported,
     main,
 )
-from rove.hf.model_card import CARD_NAME, MARK, TrainingFacts
+from rove.hf.model_card import CARD_NAME, MARK, TrainingFacts, package_facts
 from rove.model import GPT, GPTConfig
 from run_folders import save_byte_run
 
@@ -236,7 +235,7 @@ def test_a_rove_export_has_a_model_card_saying_how_to_load_it(tmp_path, monkeypa
     assert "# A rove GPT with RoVE" in card
     for fact in ("2 layers", "width 32", "4 heads, 2 key/value heads", "32-token contexts"):
         assert fact in card
-    assert install_hint("hf") in card and "rove.hf.from_pretrained(path)" in card
+    assert package_facts("hf")[1] in card and "rove.hf.from_pretrained(path)" in card
     data = ModelCard.load(tmp_path / "rove" / CARD_NAME).data
     assert data.pipeline_tag == "text-generation" and data.library_name == "transformers"
     assert data.license == "other" and {"rove", "pos-rove"} <= set(data.tags)
@@ -283,6 +282,49 @@ def test_an_exported_runs_card_has_its_tokens_and_final_loss(tmp_path):
     export_run(tmp_path / "run", tmp_path / "out")  # a later run's summary: no loss of ours
     card = ModelCard.load(tmp_path / "out" / CARD_NAME)
     assert card.data.eval_results is None and "validation loss" not in card.text
+
+
+def test_a_card_names_the_runs_own_data_and_evaluation(tmp_path):
+    """Seen: the export of a run trained with ``--data-dir`` (its own text) said "trained by
+    rove on N tokens of stdlib", the preset's corpus. The card's data, their size and the
+    evaluation come from the manifest of the dataset the run recorded and its ``eval.json``."""
+    from rove.data import data_identity, prepare_dataset
+
+    text = tmp_path / "my-notes.txt"
+    text.write_text("\n\n".join(f"Note {i}: " + "words " * 40 for i in range(12)))
+    data = prepare_dataset(str(text), tmp_path / "data", "byte", workers=1, progress=False)
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "step_000003"
+    meta = {
+        "tokens": 768,
+        "step": 3,
+        "checkpoint": str(checkpoint),
+        "train_config": {"data": "stdlib", "data_dir": str(data)},  # the preset's name stays
+        "data": data_identity(data),
+    }
+    record = {"step": 3, "train_len": 32, "ppl": {"32": 7.25, "64": 9.5}}
+    record["data"] = {"split": "val", "documents": 3, "tokens": 1234}
+    run.mkdir()
+    (run / "eval.json").write_text(json.dumps(record))
+    facts = TrainingFacts.from_checkpoint(meta)
+    assert (facts.data, facts.ppl) == ("my-notes.txt", (32, 7.25))
+    assert facts.data_tokens is not None and facts.data_tokens > 0
+    export_model(random_gpt("rove"), tmp_path / "out", get_tokenizer("byte"), facts=facts)
+    card = ModelCard.load(tmp_path / "out" / CARD_NAME)
+    assert "768 tokens of my-notes.txt" in card.text and "stdlib" not in card.text
+    assert "perplexity 7.2500 at 32 tokens on the held-out split of my-notes.txt" in card.text
+    assert "(3 documents, 1,234 tokens)" in card.text
+    (result,) = card.data.eval_results
+    assert (result.metric_type, result.metric_value, result.dataset_type) == (
+        "perplexity",
+        7.25,
+        "my-notes.txt",
+    )
+    assert f"rove's code here is {package_facts('hf')[0]}" in card.text
+    (run / "eval.json").write_text(json.dumps({**record, "step": 2}))  # another checkpoint's
+    assert TrainingFacts.from_checkpoint(meta).ppl is None
+    (data / "manifest.json").unlink()  # the data gone: the run's setting names them
+    assert TrainingFacts.from_checkpoint(meta).data == "data"
 
 
 def test_training_facts_name_the_data_never_a_local_path(tmp_path, monkeypatch):

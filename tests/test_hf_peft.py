@@ -261,3 +261,30 @@ def test_save_adapter_keeps_the_users_readme_as_stock_peft_does(tmp_path):
     save_adapter(model, tmp_path / "fresh")
     assert "Trained on my notes." in (tmp_path / "fresh" / "README.md").read_text()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no lock, no temp
+
+
+def test_an_adapter_folder_gets_roves_card_not_pefts_template(tmp_path):
+    """Seen: a LoRA run's ``adapter/README.md`` was PEFT's empty template, silent on the RoVE
+    base that a plain ``PeftModel.from_pretrained(stock_base, folder)`` runs as RoPE."""
+    from huggingface_hub import ModelCard
+
+    from rove.hf.model_card import MARK, TrainingFacts, package_facts
+
+    model = lora(rove.hf.convert(tiny_model("llama", dtype=torch.float32)))
+    save_adapter(model, tmp_path / "a", facts=TrainingFacts(tokens=512, data="notes.txt"))
+    card = ModelCard.load(tmp_path / "a" / "README.md")
+    assert MARK in card.content and card.data.library_name == "peft"
+    assert {"rove", "lora", "pos-rove"} <= set(card.data.tags)
+    for fact in (
+        "converted to\nRoVE attention",
+        "rove.hf.load_adapter(path)",
+        "PeftModel.from_pretrained(stock_base, path)",
+        "runs RoPE attention",
+        "rank 4",
+        package_facts("lora")[1],
+        "trained by rove on 512 tokens of notes.txt",
+    ):
+        assert fact in card.text, fact
+    save_adapter(lora(tiny_model("llama", dtype=torch.float32)), tmp_path / "a")  # a RoPE base
+    text = (tmp_path / "a" / "README.md").read_text()
+    assert "with RoPE attention" in text and "a plain PEFT load" in text

@@ -267,11 +267,15 @@ README = SRC.parent / "README.md"
 
 
 def _library_examples() -> list[str]:
-    """The README's python blocks that use only torch and the library (no extra)."""
-    import re
+    """The python blocks of README.md and docs/*.md that use only torch and the library (no
+    extra), and run in seconds (not marked slow)."""
+    from doc_blocks import blocks as doc_blocks
 
     known, blocks = _modules(), []
-    for block in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S):
+    for found in doc_blocks("python"):
+        if found.slow:
+            continue
+        block = found.text
         tree = ast.parse(block)
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
@@ -284,7 +288,7 @@ def _library_examples() -> list[str]:
 
 
 def test_the_library_needs_no_extra(tmp_path: Path) -> None:
-    """Every module of layers 0-4 imports, and the README's library examples run, with the
+    """Every module of layers 0-4 imports, and the docs' library examples run, with the
     packages of every extra missing: ``pip install`` with no extra is enough for them."""
     # the Triton kernels are the triton extra's, imported only where it is installed
     library = [m for m in _modules() if layer_of(m) <= LIBRARY and ".triton_" not in m]
@@ -338,7 +342,7 @@ def test_no_message_names_an_index_package() -> None:
     """rove is not on a package index: no text in the package says ``pip install rove``."""
     hits = [
         str(path.relative_to(SRC.parent))
-        for path in [*(SRC / "rove").rglob("*.py"), README]
+        for path in [*(SRC / "rove").rglob("*.py"), README, *(SRC.parent / "docs").glob("*.md")]
         if "pip install rove" in path.read_text() or 'pip install "rove' in path.read_text()
     ]
     assert not hits, hits

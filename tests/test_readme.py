@@ -1,6 +1,7 @@
-"""Every ```python block of the README runs as written.
+"""Every code block of README.md and docs/*.md runs as written, or is checked as a command
+line (tests/doc_blocks.py says which and how); the pages keep the facts the code holds.
 
-Run: pytest tests/test_readme.py
+Run: pytest tests/test_readme.py (and -m slow for the blocks that train a model)
 """
 
 from __future__ import annotations
@@ -10,17 +11,83 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+from doc_blocks import PAGES, ROOT, blocks, check_command, commands
+
+README = ROOT / "README.md"
+PYTHON = blocks("python")
+BASH = blocks("bash")
 
 
-def test_readme_has_examples():
-    assert len(BLOCKS) >= 4
+def test_the_pages_have_examples():
+    assert len([b for b in PYTHON if b.page == README]) >= 3
+    assert len(PYTHON) >= 15 and len(BASH) >= 10
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_example_runs(index):
-    exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {"__name__": "__readme__"})
+def _run(block, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a block that writes (runs/, a tokenizer) writes there
+    exec(compile(block.text, block.name, "exec"), {"__name__": "__readme__"})
+
+
+@pytest.mark.parametrize("block", [b for b in PYTHON if not b.slow], ids=lambda b: b.name)
+def test_python_block_runs(block, tmp_path, monkeypatch):
+    _run(block, tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [b for b in PYTHON if b.slow], ids=lambda b: b.name)
+def test_slow_python_block_runs(block, tmp_path, monkeypatch):
+    _run(block, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("block", BASH, ids=lambda b: b.name)
+def test_shell_block_commands_parse(block, one_thread):
+    found = commands(block)
+    assert found, f"{block.name}: no command"
+    for argv in found:
+        check_command(argv)
+
+
+def test_a_misspelled_flag_fails_the_check():
+    with pytest.raises(AssertionError, match="unrecognized arguments: --maxsteps"):
+        check_command(["rove", "train", "--preset", "nano", "--maxsteps", "5"])
+    with pytest.raises(AssertionError, match="no rule"):
+        check_command(["curl", "https://example.com"])
+    with pytest.raises(AssertionError, match="nope"):
+        check_command(["pip", "install", "-e", ".[nope]"])
+
+
+def test_every_page_is_linked_from_the_readme():
+    text = README.read_text(encoding="utf-8")
+    unlinked = [p.name for p in PAGES[1:] if f"docs/{p.name}" not in text]
+    assert not unlinked, unlinked
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_relative_link_leads_to_a_file_and_heading():
+    broken = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+            if "://" in target:
+                continue
+            path = page.parent / target if target else page
+            if not path.exists() or (
+                anchor and path.suffix == ".md" and anchor not in _anchors(path)
+            ):
+                broken.append(f"{page.relative_to(ROOT)}: {target}#{anchor}")
+    assert not broken, broken
+
+
+def test_the_readme_stays_a_front_page():
+    """Usage on the first screen; the reference lives in docs/."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 280, len(lines)
+    assert any(line.startswith("import rove") for line in lines[:40])
 
 
 def test_readme_demo_numbers_are_the_recorded_reports():
@@ -45,3 +112,27 @@ def test_license_and_citation_match_the_package():
     citation = (root / "CITATION.cff").read_text(encoding="utf-8")
     assert re.search(rf'^version: "{re.escape(__version__)}"$', citation, re.M)
     assert "arXiv:2606.11275" in citation and "license: MIT" in citation
+
+
+def test_the_module_map_lists_every_module_in_its_layer():
+    """docs/architecture.md's module map is the one place the layout is written: every module
+    under src/rove is listed once with the layer tests/test_layers.py gives it, and every
+    listed module exists."""
+    from test_layers import _modules, layer_of
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| `([^`]+)` \|", text, flags=re.M)
+    listed: dict[str, int] = {}
+    for layer, path in rows:
+        name = "rove" if path == "__init__.py" else "rove." + path.removesuffix("/")
+        name = name.removesuffix(".py").replace("/", ".")
+        assert name not in listed, f"{path} is listed twice"
+        listed[name] = int(layer)
+    modules = set(_modules())
+    assert not modules - set(listed), f"not in the module map: {sorted(modules - set(listed))}"
+    assert not set(listed) - modules, f"listed, but no such module: {sorted(set(listed) - modules)}"
+    wrong = {
+        name: (layer, layer_of(name)) for name, layer in listed.items() if layer != layer_of(name)
+    }
+    assert not wrong, f"(listed layer, LAYERS' layer): {wrong}"
+    assert f"in {max(listed.values()) + 1} layers" in text

@@ -42,7 +42,7 @@ def test_dry_run_output_replays_exactly_and_flags_override_it(
 def test_a_replayed_recipe_names_its_run_after_the_flags(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """The README's ``rove train --config runs/nano-rove-seed0/recipe.json --seed 1``: the
+    """docs/training.md's ``rove train --config runs/nano-rove-seed0/recipe.json --seed 1``: the
     stored run_name was derived from preset, pos and seed, so it is derived again (a new run,
     not "runs/nano-rove-seed0 already holds a run"); a name chosen by hand is kept."""
     first = dry_run(capsys, "--preset", "nano", "--pos", "rove")

@@ -4,4 +4,4 @@ A module of its own so that data preparation and training can record the version
 importing the attention core.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -6,7 +6,10 @@ converted model needs its base converted again: on the stock RoPE base its updat
 another function, silently. :func:`save_adapter` writes PEFT's own folder and records the base's
 pos and model type in ``adapter_config.json`` under ``"rove"`` (PEFT ignores the key, with a
 warning naming it); :func:`load_adapter` loads the base as recorded and puts the adapter on it.
-Both steps happen in a temp folder swapped in whole: a save killed between them would otherwise
+Its ``README.md`` is rove's card (:func:`rove.hf.model_card.write_adapter_card`: the RoVE base,
+how to load it, what a plain PEFT load would do) instead of PEFT's empty template, unless the
+folder holds a README.md of the user's, which PEFT updates in place as its own save does.
+All of it happens in a temp folder swapped in whole: a save killed between them would otherwise
 leave a complete-looking stock adapter of a RoVE base, which loads as RoPE.
 
 LoRA on the value and output projections stays RoVE: :func:`rove.hf.convert`'s hooks follow a
@@ -24,6 +27,7 @@ from typing import Any
 from rove.atomic import save_folder, write_json_atomic
 from rove.hf.conversion import SUPPORTED_MODEL_TYPES, convert, current_pos
 from rove.hf.lora import peft_notes_silenced
+from rove.hf.model_card import CARD_NAME, TrainingFacts, write_adapter_card
 
 __all__ = ["ADAPTER_CONFIG", "load_adapter", "save_adapter"]
 
@@ -32,12 +36,13 @@ ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # PEFT's, 
 STATE_KEY = "rove"
 
 
-def save_adapter(model: Any, folder: str | Path) -> Path:
-    """``model.save_pretrained(folder)`` of a PEFT model, with its base's pos recorded, in one
-    step: ``folder`` holds the old adapter or the new one (:func:`rove.atomic.save_folder`).
-    What an earlier adapter save recorded there is replaced; other files (a README.md of the
-    user's, which PEFT updates in place as its own save does) are kept, other folders
-    refused."""
+def save_adapter(model: Any, folder: str | Path, *, facts: TrainingFacts | None = None) -> Path:
+    """``model.save_pretrained(folder)`` of a PEFT model, with its base's pos recorded and
+    rove's model card, in one step: ``folder`` holds the old adapter or the new one
+    (:func:`rove.atomic.save_folder`). What an earlier adapter save recorded there is replaced;
+    other files (a README.md of the user's, which PEFT updates in place as its own save does,
+    and which then stays in place of rove's card) are kept, other folders refused. ``facts``
+    (what the run trained on) go on the card."""
     if not hasattr(model, "peft_config"):
         raise ValueError(
             f"save_adapter saves PEFT adapters; {type(model).__name__} is not a PEFT model "
@@ -46,12 +51,18 @@ def save_adapter(model: Any, folder: str | Path) -> Path:
     state = {"pos": current_pos(model), "model_type": model.config.model_type}
 
     def write(tmp: Path) -> None:
+        users_card = (tmp / CARD_NAME).exists()  # only a kept file of the user's is there yet
         with warnings.catch_warnings():  # a GGUF base has no config.json for PEFT to compare
             warnings.filterwarnings("ignore", "Could not find a config file in")
             model.save_pretrained(tmp)
         for path in (tmp / ADAPTER_CONFIG, *tmp.glob(f"*/{ADAPTER_CONFIG}")):  # named adapters
             config = json.loads(path.read_text(encoding="utf-8"))
             write_json_atomic(path, {**config, STATE_KEY: state})
+        if not users_card:
+            (tmp / CARD_NAME).unlink(missing_ok=True)  # PEFT's template
+            peft_config = next(iter(model.peft_config.values()), None)
+            base = getattr(peft_config, "base_model_name_or_path", None)
+            write_adapter_card(tmp, state, base, peft_config, facts)
 
     return save_folder(folder, write, "PEFT adapter", keep_other_files=True)
 

@@ -308,15 +308,16 @@ class HFCausalLM(nn.Module):
         self.hf = add_lora(self.hf, spec)
         self.lora = spec
 
-    def save_adapter(self, folder: str | Path, *, base: str) -> Path:
+    def save_adapter(self, folder: str | Path, *, base: str, facts: Any = None) -> Path:
         """The LoRA adapter alone, as a PEFT folder naming ``base`` (the model it adapts: a
         folder or GGUF file) and marked with the pos it trained under
-        (:func:`rove.hf.save_adapter`), so :func:`rove.hf.load_adapter` rebuilds this model."""
+        (:func:`rove.hf.save_adapter`), so :func:`rove.hf.load_adapter` rebuilds this model;
+        ``facts`` (a :class:`rove.hf.model_card.TrainingFacts`) go on its card."""
         if self.lora is None:
             raise ValueError("the model has no LoRA adapter to save (add_lora)")
         for config in self.hf.peft_config.values():
             config.base_model_name_or_path = base
-        return save_peft_adapter(self.hf, folder)
+        return save_peft_adapter(self.hf, folder, facts=facts)
 
     def transfer(self, windows: torch.Tensor) -> dict[str, Any]:
         """Convert this RoPE model to RoVE fitted to itself on the token ``windows``

@@ -319,7 +319,7 @@ def _train(
     show_bar = progress and info.is_main and interactive()
     _train_steps(run, state, model, compiled, stop, show_bar=show_bar)
     if cfg.lora_rank is not None and info.is_main:
-        _save_adapter(run)
+        _save_adapter(run, state.step * cfg.tokens_per_step)
     _write_run_summary(run, state)
     barrier(info)
     return run_dir
@@ -560,14 +560,18 @@ def _show_progress(bar: tqdm, state: Progress, record: dict[str, float]) -> None
 
 
 # ---------------------------------------------------------------------------- the end
-def _save_adapter(run: Run) -> None:
+def _save_adapter(run: Run, tokens: int) -> None:
     """A LoRA finetune's adapter, as PEFT saves it, in ``adapter/``: what a user loads on the
-    source model (:func:`rove.hf.load_adapter`). Written before the summary, so a process
-    killed in between writes it again when the finished run is resumed."""
+    source model (:func:`rove.hf.load_adapter`), with rove's card naming the run's data and
+    ``tokens``. Written before the summary, so a process killed in between writes it again
+    when the finished run is resumed."""
+    from rove.hf.model_card import TrainingFacts
+
     assert run.cfg.init_from is not None  # TrainConfig: LoRA only on a finetune
     raw = cast("HFCausalLM", run.raw)
     base = str(Path(run.cfg.init_from).expanduser().resolve())
-    folder = raw.save_adapter(run.dir / run_files.ADAPTER, base=base)
+    facts = TrainingFacts.from_data(run.data.identity, tokens)
+    folder = raw.save_adapter(run.dir / run_files.ADAPTER, base=base, facts=facts)
     log.info("saved the LoRA adapter (base %s) in %s", base, folder)
 
 
