@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from rove.precision import ISA_CAPS, cpu_has_native_bf16
+
 RESULTS_MD = Path(__file__).with_name("RESULTS.md")
 
 
@@ -213,8 +215,10 @@ def machine(device: torch.device | str) -> str:
         name = torch.cuda.get_device_name(device)
     else:
         isa = torch.backends.cpu.get_cpu_capability()  # what ATen's kernels run (AVX2, AVX512)
-        name = f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores, {isa}), " \
-               f"{torch.get_num_threads()} threads"  # fmt: skip
+        bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"  # decides the rounding
+        caps = "".join(f", {k}={os.environ[k]}" for k in ISA_CAPS if k in os.environ)
+        name = f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores, {isa}, " \
+               f"{bf16}{caps}), {torch.get_num_threads()} threads"  # fmt: skip
     return f"{name}, torch {torch.__version__}, Python {platform.python_version()}"
 
 

@@ -32,6 +32,7 @@ import torch
 
 __all__ = [
     "DTYPES",
+    "ISA_CAPS",
     "PRECISIONS",
     "autocast_dtype",
     "cpu_has_native_bf16",
@@ -44,6 +45,8 @@ __all__ = [
 ]
 
 DTYPES = ("auto", "bf16", "fp32")
+# environment variables that hold torch's / oneDNN's kernels below what the CPU has
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 PRECISIONS = ("bf16", "fp32")  # what "auto" resolves to: the precision a run records
 _X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # oneDNN ISA limits (ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) below AVX512_CORE_BF16: bf16 matmuls
@@ -102,9 +105,7 @@ def machine_facts(device: torch.device | str = "cpu") -> dict:
     the GPU, or the CPU's kernel level (``get_cpu_capability``), whether it has native bf16,
     the ISA caps set in the environment, torch's threads and version."""
     device = torch.device(device)
-    caps = {
-        k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if k in os.environ
-    }
+    caps = {k: os.environ[k] for k in ISA_CAPS if k in os.environ}
     return {
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "cpu": platform.machine(),
