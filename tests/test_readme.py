@@ -101,6 +101,52 @@ def test_readme_demo_numbers_are_the_recorded_reports():
     assert len(cells) == 18 and all(cell in report for cell in cells)
 
 
+DEMO_REPORTS = {"bf16": ROOT / "docs" / "demo" / "report.md",
+                "fp32": ROOT / "docs" / "demo-fp32" / "report.md"}  # fmt: skip
+
+
+def paired_rows(report: str) -> dict[str, tuple[str, str]]:
+    """``{metric: (wins/losses/seeds, bootstrap)}`` from a report's Paired comparison table,
+    the bootstrap cell up to its first ';' (the difference and its interval)."""
+    table = report.split("## Paired comparison")[1].split("\n\n")[1]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = (cells[5], cells[6].split(";")[0])
+    return rows
+
+
+def holds_in_both(a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """A finding holds when both precisions find it: the same seed verdict (all better, all
+    worse) and a paired interval on the same side of zero."""
+
+    def verdict(row: tuple[str, str]) -> tuple[str, str]:
+        wins, losses, n = row[0].split("/")
+        seeds = "better" if wins == n else "worse" if losses == n else "mixed"
+        low, high = (float(x) for x in re.findall(r"[-+]\d+\.\d+", row[1].split("[")[1]))
+        text = "below" if high < 0 else "above" if low > 0 else "straddles"
+        return seeds, text
+
+    va, vb = verdict(a), verdict(b)
+    return va == vb and "mixed" not in va and "straddles" not in va
+
+
+def test_readme_findings_hold_in_both_precisions_as_the_reports_say():
+    """The README's findings table quotes both committed demo reports (bf16 autocast, and the
+    fp32 twin a machine without native bf16 runs) and marks a row robust exactly when both
+    find it; regenerating a report without the README fails here."""
+    section = README.read_text().split("### What the demo finds")[1].split("\n## ")[0]
+    table = section.split("| finding |")[1].split("\n\n")[0]
+    reports = {p: paired_rows(path.read_text()) for p, path in DEMO_REPORTS.items()}
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert len(rows) >= 10
+    for metric, bf16, fp32, robust in rows:
+        a, b = reports["bf16"][metric], reports["fp32"][metric]
+        assert bf16 == f"{a[0]}; {a[1]}" and fp32 == f"{b[0]}; {b[1]}", metric
+        assert robust == ("yes" if holds_in_both(a, b) else "**no**"), metric
+    assert {r[0] for r in rows} == set(reports["bf16"]) == set(reports["fp32"])
+
+
 def test_license_and_citation_match_the_package():
     """LICENSE is the MIT text the package metadata and model cards name; CITATION.cff cites
     the paper and this version of the software."""
