@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import torch
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import bench_attention  # noqa: E402
 import gpu_suite  # noqa: E402
 import harness  # noqa: E402
 
@@ -173,8 +175,21 @@ def test_results_default_under_out(tmp_path, monkeypatch):
     assert (args.json, args.markdown, args.results) == (
         tmp_path / "gpu_suite.json", tmp_path / "gpu_suite.md", tmp_path / "RESULTS.md"
     )  # fmt: skip
-    assert args.stages == ["tests", "rotation", "attention", "train"]  # the pilot is opt-in
+    assert args.stages == list(gpu_suite.FIRST_RUN)  # attention_torch and the pilot: opt-in
     assert sum(gpu_suite.BUDGETS[s] for s in args.stages) <= args.total
+
+
+def test_goal_rows_run_before_the_rows_no_goal_reads():
+    """Every stage with a goal comes before every first-run stage without one, so a run short
+    of time loses rows no goal needs first (the compiled reference, goal 5, was once timed last
+    of all); the CUDA graphs run in a child process (``run_child``)."""
+    order = [s for s in gpu_suite.STAGES if s in gpu_suite.FIRST_RUN]
+    with_goals = [i for i, s in enumerate(order) if s in gpu_suite.GOAL_TEXTS]
+    without = [i for i, s in enumerate(order) if s not in gpu_suite.GOAL_TEXTS and s != "tests"]
+    assert max(with_goals) < min(without) and order[0] == "tests"
+    assert set(gpu_suite.STAGES) == set(gpu_suite.BUDGETS)
+    # the train stage holds its three cold 124M compiles (~45 s each, +40 %) and the rest
+    assert gpu_suite.BUDGETS["train"] >= 3 * 45 * 1.4 + 25
 
 
 def test_the_device_command_fits_the_device_call():
@@ -188,8 +203,68 @@ def test_the_device_command_fits_the_device_call():
     at = words.index("timeout")
     assert words[at + 1] == "-k"
     kill, term = float(words[at + 2]), float(words[at + 3])
-    assert term >= gpu_suite.TOTAL + 40 and term + kill <= 540
+    assert term >= gpu_suite.TOTAL + 40 and term + kill <= 570
+    assert f"timeout_s` {term + kill + 20:.0f}" in readme
     assert "${PIPESTATUS[0]}" in command and "$OUT/gpu_suite.log" in command
+    assert command.rstrip().endswith("exit $s")  # nothing after it can swallow the status
+
+
+STUB = """#!/bin/sh
+echo "stub python3 $*"
+case "$STUB" in
+  exit) exit 3 ;;
+  term) trap 'echo stopped; exit 143' TERM; sleep 30 >/dev/null 2>&1 & wait; exit 0 ;;
+  deaf) trap '' TERM; sleep 5 >/dev/null 2>&1 & wait; wait; exit 0 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("stub, status", [("exit", 3), ("term", 124), ("deaf", 137)])
+def test_the_device_command_exits_with_the_suites_status(tmp_path, stub, status):
+    """The exact command through bash, with ``python3`` a stub: the suite's own status (3), or
+    ``timeout``'s when it sent TERM (124) or had to KILL (137), is the command's, and the log
+    is in $OUT (the limits shortened to 1 s)."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text(STUB)
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    (tmp_path / "out").mkdir()
+    command = gpu_suite.DEVICE_COMMAND.replace("timeout -k 20 530", "timeout -k 1 1")
+    assert command != gpu_suite.DEVICE_COMMAND
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+           "OUT": str(tmp_path / "out"), "STUB": stub}  # fmt: skip
+    proc = subprocess.run(["bash", "-c", command], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == status, proc.stdout + proc.stderr
+    assert f"timeout exit status {status}" in proc.stdout
+    assert (
+        "stub python3 benchmarks/gpu_suite.py" in (tmp_path / "out" / "gpu_suite.log").read_text()
+    )
+
+
+def test_one_duration_everywhere():
+    """The suite's duration is stated once (``DURATION``, an estimate until measured) in every
+    place that states one, and no other figure in minutes is given for it there."""
+    root = BENCH.parent
+    places = {
+        "gpu_suite.py": gpu_suite.__doc__,
+        "README.md": _section(root / "README.md", "gpu_suite.py"),
+        "benchmarks/README.md": _section(BENCH / "README.md", "## The GPU suite on the device"),
+        "docs/training.md": _section(root / "docs" / "training.md", "### GPU suite"),
+    }
+    minutes = re.compile(r"(\d+(?:\.\d+)?|one|two|seven|eight|nine|ten) ?(?:min\b|minutes)")
+    for where, text in places.items():
+        flat = " ".join(text.split())
+        assert " ".join(gpu_suite.DURATION.split()) in flat, where
+        stated = [m.group(0) for m in minutes.finditer(flat)]
+        assert set(stated) <= {"9 minutes", "15 device minutes"}, (where, stated)
+
+
+def _section(path: Path, start: str) -> str:
+    """From the line holding ``start`` to the next heading."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    at = next(i for i, line in enumerate(lines) if start in line)
+    end = next((i for i in range(at + 1, len(lines)) if lines[i].startswith("#")), len(lines))
+    return "\n".join(lines[at:end])
 
 
 def test_a_stage_over_its_budget_is_stopped_and_the_suite_goes_on(tmp_path, monkeypatch):
@@ -218,26 +293,28 @@ def _goals(path: Path) -> dict[str, dict]:
 
 
 def test_a_stage_over_budget_keeps_the_goals_of_its_finished_groups(tmp_path, monkeypatch):
-    """The attention stage at T=1024 (tiny layers, CPU) measures its goals in the eager group;
-    forced over budget as the compiled group starts, it keeps them (issue 29's item 2)."""
+    """The attention stage at T=1024 (tiny layers, CPU) measures its goals in its first group;
+    forced over budget as the next group starts, it keeps them (issue 29's item 2), each naming
+    the row it came from, its mode and timing."""
     monkeypatch.setenv("OUT", str(tmp_path))
     args = gpu_suite.parse_args(["--dry-run", "--threads", "1", "--stages", "attention"])
     suite = gpu_suite.Suite(args)
-    suite.sizes.seqs = (1024,)
-    eager_only = suite.attention_variants
+    suite.sizes.seqs = (1024, 2048)
+    first_only = suite.attention_variants
 
     def variants(seq: int, compiled: bool, backends: list[str]):
-        if compiled:
+        if seq != 1024:
             raise gpu_suite.OverBudget("forced after the first group")
-        return eager_only(seq, compiled, backends)
+        return first_only(seq, compiled, backends)
 
     monkeypatch.setattr(suite, "attention_variants", variants)
     suite.run("attention", suite.stage_attention)
     stage = json.loads((tmp_path / "gpu_suite.json").read_text())["stages"]["attention"]
-    assert stage["status"] == "over budget" and {r["compiled"] for r in stage["rows"]} == {False}
+    assert stage["status"] == "over budget" and {r["seq"] for r in stage["rows"]} == {1024}
     goals = _goals(tmp_path / "gpu_suite.json")
-    for text in gpu_suite.GOAL_TEXTS["attention"]:
+    for text, p in zip(gpu_suite.GOAL_TEXTS["attention"], ("fwd", "fwd+bwd"), strict=True):
         assert goals[text]["status"] in ("met", "missed") and goals[text]["value"] is not None
+        assert goals[text]["rows"] == [f"attention: T=1024 torch layer {p} [eager, dispatch]"]
     for text in gpu_suite.GOAL_TEXTS["train"]:
         assert goals[text]["status"] == "not measured (train stage not run)"
 
@@ -277,14 +354,17 @@ def test_goal_one_reads_the_kernel_rows():
     """Dispatch rows (a launcher called from Python) do not count for goal 1: the slowest op
     of the CUDA-graph rows does, and without all four ops it is not measured."""
     suite = gpu_suite.Suite(gpu_suite.parse_args(["--dry-run"]))
-    rows = [dict(group="triton launcher", op=op, includes="dispatch", of_copy=0.2)
+    rows = [dict(group="triton launcher", op=op, mode="eager", timing="dispatch", of_copy=0.2)
             for op in gpu_suite.OPS]  # fmt: skip
     (goal,) = suite.rotation_goals(rows)
     assert goal["value"] is None and goal["status"].startswith("not measured")
-    rows += [dict(group="triton launcher (CUDA graph)", op=op, includes="kernel", of_copy=0.9 - i / 10)
-             for i, op in enumerate(gpu_suite.OPS)]  # fmt: skip
+    rows += [dict(group="triton launcher (CUDA graph)", op=op, mode="eager", timing="kernel",
+                  of_copy=0.9 - i / 10) for i, op in enumerate(gpu_suite.OPS)]  # fmt: skip
     (goal,) = suite.rotation_goals(rows)
     assert goal["value"] == pytest.approx(0.6) and goal["status"] == "missed"
+    assert len(goal["rows"]) == 4 and all("[eager, kernel]" in r for r in goal["rows"])
+    assert "(from: graphs: triton launcher (CUDA graph) split fwd [eager, kernel]" in (
+        gpu_suite.goal_line(goal))  # fmt: skip
 
 
 CUT = """
@@ -364,7 +444,7 @@ def hang(self, budget):
     print("HANGING", flush=True)
     time.sleep(600)
 
-gpu_suite.Suite.stage_rotation = hang
+gpu_suite.Suite.stage_attention = hang
 sys.exit(gpu_suite.main(sys.argv[1:]))
 """
 
@@ -372,7 +452,7 @@ sys.exit(gpu_suite.main(sys.argv[1:]))
 def test_a_killed_suite_leaves_the_finished_stages_in_out(tmp_path):
     """SIGTERM in the middle of a stage (as `timeout` sends it): the stages before it and what
     the stage had are in $OUT/gpu_suite.json and .md; later stages are not run."""
-    args = ["--dry-run", "--threads", "1", "--stages", "tests", "rotation", "attention", *GENEROUS]
+    args = ["--dry-run", "--threads", "1", "--stages", "tests", "attention", "rotation", *GENEROUS]
     proc = subprocess.Popen(
         [sys.executable, "-c", HANGS, *args], env=_env(tmp_path), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
@@ -391,10 +471,150 @@ def test_a_killed_suite_leaves_the_finished_stages_in_out(tmp_path):
     data = json.loads((tmp_path / "gpu_suite.json").read_text())
     stages = data["stages"]
     assert stages["tests"]["status"] == "ok" and stages["tests"]["kernel_checks"]
-    assert stages["rotation"]["status"] == "interrupted"
-    assert stages["rotation"]["rows"] == ["first length"]
-    assert "attention" not in stages
-    assert "### rotation: interrupted" in (tmp_path / "gpu_suite.md").read_text()
+    assert stages["attention"]["status"] == "interrupted"
+    assert stages["attention"]["rows"] == ["first length"]
+    assert "rotation" not in stages
+    assert "### attention: interrupted" in (tmp_path / "gpu_suite.md").read_text()
+
+
+def _killed_in(stage: str, tmp_path: Path, monkeypatch, what: str = "term") -> tuple[int, dict]:
+    """``main`` (in this process) on the dry run of ``tests`` and ``stage``, the fault hook
+    sending SIGTERM in ``stage`` after its first timed group (or at its end)."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setenv(gpu_suite.FAULT_ENV, f"{stage}:{what}")
+    monkeypatch.delattr(bench_attention, "fused_attention_rows", raising=False)  # a stage here
+    stages = ["tests", stage] if stage != "tests" else ["tests", "graphs"]
+    code = gpu_suite.main(["--dry-run", "--threads", "1", "--stages", *stages, *GENEROUS])
+    return code, json.loads((tmp_path / "gpu_suite.json").read_text())
+
+
+@pytest.mark.parametrize("stage", gpu_suite.FIRST_RUN)
+def test_a_run_killed_in_any_stage_exits_non_zero_with_the_finished_stages(
+    stage, tmp_path, monkeypatch
+):
+    """TERM (as ``timeout`` sends it) in each stage: status 143, the stage before it whole in
+    the JSON, the stage itself "interrupted" with what it had, nothing after it; every goal
+    line is there, measured or saying why not. (The opt-in stages too, and SIGKILL, in a
+    child process: ``-m slow``.)"""
+    before = signal.getsignal(signal.SIGTERM)
+    code, data = _killed_in(stage, tmp_path, monkeypatch)
+    assert code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before  # main() put it back
+    stages = data["stages"]
+    assert stages[stage]["status"] == "interrupted" and "reason" in stages[stage]
+    if stage == "graphs":  # stopped while its child ran: the child is gone with it
+        assert stages[stage]["reason"] == "SIGTERM"
+    if stage != "tests":
+        assert stages["tests"]["status"] == "ok" and stages["tests"]["kernel_checks"]
+    else:
+        assert "graphs" not in stages
+    assert {g["goal"] for g in data["goals"]} == {
+        t for texts in gpu_suite.GOAL_TEXTS.values() for t in texts
+    }
+
+
+@pytest.mark.slow
+def test_a_dry_run_killed_in_each_stage_exits_non_zero(tmp_path):
+    """The whole dry run in a child, killed (TERM, then KILL) in every stage in turn."""
+    for stage in gpu_suite.STAGES:
+        for what, status in (("term", 128 + signal.SIGTERM), ("kill", -signal.SIGKILL)):
+            out = tmp_path / f"{stage}-{what}"
+            env = {**_env(out), gpu_suite.FAULT_ENV: f"{stage}:{what}"}
+            proc = subprocess.run(
+                [sys.executable, str(BENCH / "gpu_suite.py"), "--dry-run", "--threads", "1",
+                 "--stages", *gpu_suite.STAGES, *GENEROUS],
+                capture_output=True, text=True, timeout=900, env=env,
+            )  # fmt: skip
+            assert proc.returncode == status, (stage, what, proc.stdout[-2000:])
+            stages = json.loads((out / "gpu_suite.json").read_text())["stages"]
+            before = gpu_suite.STAGES[: gpu_suite.STAGES.index(stage)]
+            assert all(stages[s]["status"] == "ok" for s in before), (stage, what)
+            assert stages[stage]["status"] == ("interrupted" if what == "term" else "in progress")
+            assert set(stages) == {*before, stage}
+
+
+def test_a_killed_suite_keeps_its_json_through_sigkill(tmp_path):
+    """SIGKILL (``timeout -k``) after the train stage's eager group: the exit is non-zero, and
+    the JSON on disk has the finished stage and the eager group's rows and goal."""
+    env = {**_env(tmp_path), gpu_suite.FAULT_ENV: "train:kill"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "gpu_suite.py"), "--dry-run", "--threads", "1",
+         "--stages", "tests", "train", *GENEROUS],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stdout[-2000:] + proc.stderr[-2000:]
+    stages = json.loads((tmp_path / "gpu_suite.json").read_text())["stages"]
+    assert stages["tests"]["status"] == "ok"
+    train = stages["train"]
+    assert train["status"] == "in progress" and set(train["rows"]) == {
+        f"{v} eager" for v in ("rope", "rove", "nope", "reference")
+    }
+    assert all(r["mode"] == "eager" and r["timing"] == "dispatch" for r in train["rows"].values())
+
+
+@pytest.mark.parametrize(
+    "fault", ["capture:crash", pytest.param("capture:error", marks=pytest.mark.slow)]
+)
+def test_a_failed_graph_capture_is_recorded_and_later_stages_run(fault, tmp_path, monkeypatch):
+    """The CUDA-graph capture raises, or takes its process down (as a capture that breaks the
+    CUDA context would): the graphs stage records it, the next stage runs in the parent, and
+    the suite exits 1."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setenv(gpu_suite.FAULT_ENV, fault)
+    code = gpu_suite.main(["--dry-run", "--threads", "1", "--stages", "graphs", "rotation",
+                           *GENEROUS])  # fmt: skip
+    assert code == 1
+    data = json.loads((tmp_path / "gpu_suite.json").read_text())
+    graphs = data["stages"]["graphs"]
+    assert graphs["status"] == "error" and "child process" in graphs["error"]
+    if fault == "capture:error":
+        assert "injected CUDA-graph capture failure" in graphs["capture_error"]
+        assert graphs["child"] == "exit 1"
+    else:
+        assert graphs["child"] == "exit -6 (SIGABRT)"
+    assert data["stages"]["rotation"]["status"] == "ok" and data["stages"]["rotation"]["rows"]
+    (goal,) = [g for g in data["goals"] if g["goal"] == gpu_suite.GOAL_TEXTS["graphs"][0]]
+    assert goal["status"] == "not measured (graphs stage error)"
+
+
+def test_the_fused_kernel_rows_and_goals(tmp_path, monkeypatch):
+    """``bench_attention.fused_attention_rows`` (a stand-in here) hands its rows over per group:
+    the stage adds the kernel's TFLOP/s against the H200's peak, judges the worst length's best
+    mode at T >= 1024, names the rows, and the 124M goal is the train stage's compiled ratio."""
+    import bench_attention
+
+    def rows(*, device, dtype, seqs, heads, head_dim, tokens, time, budget_s, add_rows):
+        assert seqs == (32, 64) and callable(time) and budget_s > 0
+        for seq, ratios in ((1024, (1.05, 1.01)), (4096, (1.03, 1.015)), (512, (2.0, 2.0))):
+            add_rows([dict(seq=seq, batch=16, heads=12, head_dim=64, causal=True, mode=mode,
+                           timing="kernel" if mode == "compiled" else "dispatch", ratio=ratio,
+                           fused_ms=1.0, rope_sdpa_ms=1.0 / ratio, **{"pass": "fwd+bwd"})
+                      for mode, ratio in zip(("eager", "compiled"), ratios, strict=True)])  # fmt: skip
+
+    monkeypatch.setattr(bench_attention, "fused_attention_rows", rows, raising=False)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    suite = gpu_suite.Suite(gpu_suite.parse_args(["--dry-run", "--stages", "fused_attention"]))
+    suite.run("fused_attention", suite.stage_fused_attention)
+    stage = suite.results["fused_attention"]
+    assert stage["status"] == "ok" and stage["built"] and len(stage["rows"]) == 6
+    row = stage["rows"][0]  # B=16, 12 heads of 64, T=1024, causal fwd+bwd: 3.5 x 2 B H T^2 D
+    assert row["flops"] == pytest.approx(3.5 * 2 * 16 * 12 * 1024**2 * 64)
+    assert row["tflops"] == pytest.approx(row["flops"] / 1e-3 / 1e12)
+    assert row["of_peak"] == pytest.approx(row["tflops"] / 989)
+    fused, step = suite.goals()[1:3]
+    assert fused["value"] == pytest.approx(1.015) and fused["status"] == "met"
+    assert fused["rows"] == [
+        "fused_attention: T=1024 fused RoVE vs RoPE+SDPA fwd+bwd [compiled, kernel]",
+        "fused_attention: T=4096 fused RoVE vs RoPE+SDPA fwd+bwd [compiled, kernel]",
+    ]
+    assert step["status"] == "not measured (the train stage measures it)"
+    ratios = {"rove/rope compiled": 1.004}
+    suite.results["train"] = {"status": "ok", "goals": [
+        suite.goal(gpu_suite.GOAL_TEXTS["train"][1], 1.004, 1.005, "<=", "{:.3f}", why="",
+                   rows=["train: rove compiled step [compiled, dispatch]"])]}  # fmt: skip
+    assert ratios and suite.goals()[2]["value"] == pytest.approx(1.004)
+    assert suite.goals()[2]["status"] == "met"
+    assert suite.goals()[2]["rows"] == ["train: rove compiled step [compiled, dispatch]"]
 
 
 def test_gpu_suite_dry_run(tmp_path):
@@ -410,28 +630,46 @@ def test_gpu_suite_dry_run(tmp_path):
     assert proc.stdout.rstrip().endswith("gpu_suite.py exit status 0")
     data = json.loads((out / "gpu_suite.json").read_text())
     stages = data["stages"]
-    assert set(stages) == {"tests", "rotation", "attention", "train", "pilot"}
+    assert set(stages) == set(gpu_suite.STAGES)
+    fused = stages.pop("fused_attention")
     assert all(s["status"] == "ok" for s in stages.values()), stages
+    built = hasattr(bench_attention, "fused_attention_rows")
+    if built:  # it may time nothing on a CPU (NotImplementedError: the stage is skipped)
+        assert fused["status"] in ("ok", "skipped"), fused
+    else:
+        assert fused["status"] == "ok" and not fused["built"]
+        assert fused["rows"][0]["status"].startswith("not built")
+        assert "fused kernel not built" in data["goals"][1]["status"]
     assert stages["tests"]["kernel_checks"] and all(
         c["ok"] for c in stages["tests"]["kernel_checks"]
     )
     rotation = stages["rotation"]["rows"]
-    assert {r["group"] for r in rotation} == {"torch eager", "torch compiled"}
-    assert all(r["rounds"] == 3 and r["includes"] == "dispatch" for r in rotation)
+    assert {(r["group"], r["mode"]) for r in rotation} == {
+        ("torch eager", "eager"), ("torch compiled", "compiled")}  # fmt: skip
+    assert all(r["rounds"] == 3 and r["timing"] == "dispatch" for r in rotation)
+    graphs = stages["graphs"]  # on a CPU, plain calls stand in for the graphs
+    assert graphs["child"] == "exit 0" and len(graphs["rows"]) == 4
+    assert all(r["timing"] == "dispatch" and r["rounds"] == 3 for r in graphs["rows"])
     train = stages["train"]["rows"]
     assert set(train) == {f"{v} eager" for v in ("rope", "rove", "nope", "reference")} | {
         f"{v} compiled" for v in ("rope", "rove", "reference")
     }
     assert all(len(r["samples_s"]) == 3 for r in train.values())
-    layers = stages["attention"]["rows"]
-    assert {(r["seq"], r["compiled"], r["pass"]) for r in layers} == {
-        (seq, compiled, p) for seq in (32, 64) for compiled in (False, True)
-        for p in ("fwd", "fwd+bwd")
-    }  # fmt: skip
+    assert all(r["timing"] == "dispatch" for r in train.values())
+    assert {r["mode"] for r in train.values()} == {"eager", "compiled"}
+    for name, compiled in (("attention", False), ("attention_torch", True)):
+        layers = stages[name]["rows"]  # no Triton on a CPU: its compiled layers are not timed
+        assert {(r["seq"], r["compiled"], r["pass"], r["mode"], r["timing"]) for r in layers} == {
+            (seq, compiled, p, "compiled" if compiled else "eager", "dispatch")
+            for seq in (32, 64) for p in ("fwd", "fwd+bwd")
+        }  # fmt: skip
     pilot = stages["pilot"]["records"]
     assert set(pilot) == {"rope", "rove"} and set(pilot["rove"]["ppl_yarn"]) == {"64"}
-    # on CPU no goal can be judged: each says why instead of met / missed
-    assert data["goals"] and all(g["status"].startswith("not measured") for g in data["goals"])
+    # on CPU no goal can be judged: each says why instead of met / missed; every goal is there
+    assert [g["goal"] for g in data["goals"]] == [
+        t for texts in gpu_suite.GOAL_TEXTS.values() for t in texts
+    ]
+    assert all(g["status"].startswith("not measured") for g in data["goals"])
     md = results.read_text()
     assert "GPU suite (dry run" in md and "#### Goals" in md and "### pilot: ok" in md
     assert (out / "gpu_suite.md").read_text().startswith("## GPU suite (dry run")
