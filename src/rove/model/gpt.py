@@ -5,8 +5,9 @@ partial rotary); everything else is GPT-2 (pre-LayerNorm blocks, GELU MLP, tied 
 RoPE vs RoVE comparison changes exactly one thing.
 
 Notable features:
-- positions, cos/sin tables (float64 angles) and the packing mask are built once per forward
-  (``rove.functional.AttentionInputs``) and shared by all layers.
+- positions, cos/sin tables (float64 angles), the packing mask and the smooth conversion's V/O
+  tables are built once per forward (``rove.functional.AttentionInputs``) and shared by all
+  layers.
 - ``token_nll`` computes the LM head in chunks, so long-context evaluation of a 50k vocabulary
   never materialises ``(B, T, V)`` logits.
 - ``generate`` decodes with a ``KVCache`` of rotated keys and rotated values, and equals
@@ -120,6 +121,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.wte.weight
+        # the smooth conversion's a (``set_rove_fraction``): part of every forward's inputs
+        self._rove_fraction = 1.0
         self.apply(self._init_weights)
         # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
         for name, p in self.named_parameters():
@@ -136,7 +139,7 @@ class GPT(nn.Module):
     def rove_fraction(self) -> float:
         """The smooth conversion's a: RoVE's V/O rotations at a fraction of their angles
         (1: plain RoVE; see ``set_rove_fraction``)."""
-        return next(self.iter_blocks()).attn.rove_fraction
+        return self._rove_fraction
 
     def set_rove_fraction(self, fraction: float) -> None:
         """Rotate V and O by ``R(a p)`` with a = ``fraction``: at 0 the RoPE model exactly (no
@@ -147,9 +150,7 @@ class GPT(nn.Module):
             raise ValueError(
                 f"set_rove_fraction needs a pos='rove' model, this one is {self.config.pos!r}"
             )
-        fraction = check_fraction(fraction)
-        for block in self.iter_blocks():
-            block.attn.rove_fraction = fraction
+        self._rove_fraction = check_fraction(fraction)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -202,6 +203,7 @@ class GPT(nn.Module):
             dtype=self.wte.weight.dtype,
             device=idx.device,
             offset=0 if cache is None else cache.length,
+            fraction=self._rove_fraction,
         )
         x = self.wte(idx)
         if self.wpe is not None:
