@@ -40,6 +40,7 @@ from rove.functional import (
 )
 from rove.kv_cache import KVCache
 from rove.layer import RoveAttention, check_cache_use
+from rove.loss import chunked_token_nll, mean_cross_entropy
 from rove.model.config import GPTConfig
 from rove.rotary import SCALING_KINDS, Rotary, Scaling, Temperature, scaling_on_top
 from rove.sampling import check_sampling, next_tokens
@@ -231,11 +232,8 @@ class GPT(nn.Module):
         doc_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``(B, T, V)``, or with ``targets`` ``(B, T)`` the mean cross-entropy (-1 ignored)."""
-        h = self.hidden(idx, positions=positions, doc_ids=doc_ids)
-        logits = self.lm_head(h)
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        logits = self.lm_head(self.hidden(idx, positions=positions, doc_ids=doc_ids))
+        return logits if targets is None else mean_cross_entropy(logits, targets)
 
     def token_nll(
         self, idx: torch.Tensor, targets: torch.Tensor, *, chunk_size: int = 1024
@@ -244,15 +242,7 @@ class GPT(nn.Module):
 
         The LM head runs on ``chunk_size`` positions at a time to bound memory at long lengths.
         """
-        h = self.hidden(idx)
-        out = torch.empty(targets.shape, dtype=torch.float32, device=h.device)
-        for s in range(0, h.shape[1], chunk_size):
-            logits = self.lm_head(h[:, s : s + chunk_size]).float()
-            tgt = targets[:, s : s + chunk_size]
-            out[:, s : s + chunk_size] = F.cross_entropy(
-                logits.transpose(1, 2), tgt, ignore_index=-1, reduction="none"
-            )
-        return out
+        return chunked_token_nll(self.hidden(idx), self.lm_head, targets, chunk_size=chunk_size)
 
     @contextlib.contextmanager
     def rope_scaling(
