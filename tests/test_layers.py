@@ -54,6 +54,7 @@ LAYERS: dict[str, int] = {
     "rove.layer": 3,
     "rove.reference": 3,
     "rove.sampling": 3,
+    "rove.loss": 3,
     "rove.group": 3,
     "rove.model": 4,
     "rove.checkpoint": 4,
