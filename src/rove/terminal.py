@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
-from rove._extras import EXTRAS, install_hint
+from rove._extras import EXTRAS, check_command, install_command
 from rove.lock import FolderLockedError
 
 __all__ = [
@@ -111,7 +111,7 @@ def error_line(err: BaseException) -> str:
     missing = err.name if isinstance(err, ModuleNotFoundError) else None
     extra = EXTRAS.get((missing or "").split(".")[0])
     if extra:
-        message += f"; it comes with rove's '{extra}' extra, {install_hint(extra)}"
+        message += f"; it comes with rove's '{extra}' extra: {install_command(extra)}"
     return f"{message} (--debug for the traceback)"
 
 
@@ -124,6 +124,7 @@ def command(prog: str) -> Callable[[Main], Main]:
             args = list(sys.argv[1:] if argv is None else argv)
             debug = "--debug" in args or os.environ.get("ROVE_DEBUG") == "1"
             try:  # a signal before the command's own handling (start-up) also gets its line
+                check_command(prog, args)  # every extra it needs, before any work
                 with raise_on_signals(SIGNAL_KEPT):
                     return main([a for a in args if a != "--debug"])
             except Interrupted as err:
