@@ -24,11 +24,13 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, Protocol, TypeVar
 
 from rove._extras import EXTRAS, check_command, install_command
@@ -41,6 +43,7 @@ __all__ = [
     "DeprecatedFlag",
     "Interrupted",
     "argument_type",
+    "clock",
     "command",
     "config_defaults",
     "config_from_args",
@@ -48,6 +51,7 @@ __all__ = [
     "interactive",
     "key_value",
     "no_progress_bars",
+    "progress_bar",
     "raise_on_signals",
     "signature_defaults",
 ]
@@ -57,6 +61,7 @@ __all__ = [
 SIGNAL_KEPT = "the files it finished writing are kept, nothing half-written"
 Config = TypeVar("Config")
 Value = TypeVar("Value")
+Item = TypeVar("Item")
 
 # What a person can fix: wrong values and configs (ValueError, including corrupt checkpoints and
 # stale runs), files and folders (OSError: missing, a file where a folder belongs, disk full,
@@ -102,6 +107,62 @@ class Main(Protocol):
 def interactive() -> bool:
     """Whether stderr is a terminal (in a log file a tqdm bar is ``\\r`` noise)."""
     return sys.stderr.isatty()
+
+
+def clock(seconds: float) -> str:
+    """A duration as ``m:ss``, or ``h:mm:ss`` from an hour on."""
+    seconds = max(0, round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+# Off a terminal, a progress line at most this often (seconds), whichever loop is running: a log
+# of a long evaluation says where it is without a line per batch.
+PROGRESS_EVERY_S = 30.0
+_last_line = [time.monotonic()]  # when the last progress line (or the process's start) was
+_progress_log = logging.getLogger("rove.progress")
+
+
+def progress_bar(
+    items: Iterable[Item],
+    desc: str,
+    *,
+    enabled: bool = True,
+    total: int | None = None,
+    leave: bool = True,
+) -> Iterable[Item]:
+    """``items``, with their progress shown while a loop runs over them: a tqdm bar on a
+    terminal; off one (a log file, a pipe) a line ``desc: i/n (p%), elapsed, ETA`` logged at
+    most every ``PROGRESS_EVERY_S`` seconds over all loops, as training logs a line per
+    validation (a bar in a file is ``\r`` noise). Nothing with ``enabled`` False."""
+    if not enabled:
+        return items
+    if total is None and isinstance(items, Sized):
+        total = len(items)
+    if interactive():
+        from tqdm.auto import tqdm  # the toolkit's: its callers import it already
+
+        return tqdm(items, desc=desc, total=total, leave=leave)
+    return _logged(items, desc, total)
+
+
+def _logged(items: Iterable[Item], desc: str, total: int | None) -> Iterator[Item]:
+    start = time.monotonic()
+    for done, item in enumerate(items, 1):
+        yield item
+        now = time.monotonic()
+        if now - _last_line[0] < PROGRESS_EVERY_S:
+            continue
+        _last_line[0] = now
+        elapsed = now - start
+        if total:
+            eta = elapsed / done * (total - done)
+            _progress_log.info(
+                f"{desc}: {done}/{total} ({100 * done / total:.0f}%), elapsed "
+                f"{clock(elapsed)}, ETA {clock(eta)}"
+            )
+        else:
+            _progress_log.info(f"{desc}: {done} done, elapsed {clock(elapsed)}")
 
 
 def error_line(err: BaseException) -> str:
