@@ -146,13 +146,13 @@ def test_vision_with_an_unknown_position_or_layout(capsys, args, needle):
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (["--test-sizes", "16", "18"], ["test sizes [18]", "patch_size 4"]),
+        (["--test-sizes", "16", "18"], ["test sizes [18]", "--patch-size 4"]),
         (["--seeds", "0", "0"], ["seeds must be a non-empty list without repeats"]),
         (["--epochs", "0"], ["epochs must be >= 1, got 0"]),  # before: 0 meant the default 20
         (["--lr", "-1"], ["lr must be > 0"]),
-        (["--image-size", "18"], ["image_size 18 is not a multiple of patch_size 4"]),
-        (["--image-size", "0"], ["image_size must be >= 1, got 0"]),  # before: 0 meant 16
-        (["--patch-size", "0"], ["patch_size must be >= 1, got 0"]),  # before: a traceback
+        (["--image-size", "18"], ["--image-size 18 is not a multiple of --patch-size 4"]),
+        (["--image-size", "0"], ["--image-size must be >= 1, got 0"]),  # before: 0 meant 16
+        (["--patch-size", "0"], ["--patch-size must be >= 1, got 0"]),  # before: a traceback
         # before: CIFAR-10 was loaded (with --download: downloaded) before this was found
         (["--dataset", "cifar10", "--download", "--seeds", "1", "1"], ["without repeats"]),
     ],
@@ -337,3 +337,17 @@ def test_lm_eval_without_the_toolkit_names_its_own_extra(capsys, monkeypatch):
     line = _one_error_line(capsys, "rove lm-eval")
     assert "'lm-eval' extra (tqdm, lm_eval are not installed)" in line, line
     assert line.endswith(f"{install_command('lm-eval')} (--debug for the traceback)"), line
+
+
+def test_errors_name_the_flags_a_user_types(tmp_path, capsys):
+    """Before: ``run_name must be a folder name inside out_dir`` named config fields; the user
+    typed --run-name and --out."""
+    assert rove(["train", "--run-name", "a/b", "--out", str(tmp_path), "--dry-run"]) == 2
+    line = _one_error_line(capsys, "rove train")
+    assert "--run-name must be a folder name inside --out (no '/'" in line, line
+    assert rove(["train", "--max-steps", "5", "--warmup-steps", "9", "--dry-run"]) == 2
+    assert "--warmup-steps (9) must be <= --max-steps (5)" in _one_error_line(capsys, "rove train")
+    missing = tmp_path / "max_steps"  # a path that holds a field's name keeps it
+    assert rove(["finetune", str(missing), "--max-steps", "3"]) == 2
+    line = _one_error_line(capsys, "rove finetune")
+    assert f"MODEL {missing}: no such file or folder" in line, line

@@ -522,7 +522,7 @@ def _read_config(path: str) -> dict[str, Any]:
     return data
 
 
-@command("rove compare")
+@command("rove compare", build_parser)
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

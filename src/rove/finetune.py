@@ -182,7 +182,7 @@ def _demo(
     return run_and_print("rove finetune", cfg, progress=progress, force=force)
 
 
-@command("rove finetune")
+@command("rove finetune", build_parser)
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rove finetune``; returns the exit status."""
     parser = build_parser()

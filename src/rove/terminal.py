@@ -26,6 +26,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -48,6 +49,7 @@ __all__ = [
     "config_defaults",
     "config_from_args",
     "error_line",
+    "flag_names",
     "interactive",
     "key_value",
     "no_progress_bars",
@@ -176,8 +178,33 @@ def error_line(err: BaseException) -> str:
     return f"{message} (--debug for the traceback)"
 
 
-def command(prog: str) -> Callable[[Main], Main]:
-    """Decorate a subcommand's ``main(argv)`` so user errors exit 2 with one line naming them."""
+def flag_names(text: str, parser: argparse.ArgumentParser) -> str:
+    """``text`` with each config field that has a flag in ``parser`` named as a user types it:
+    ``run_name`` as ``--run-name``, ``out_dir`` as ``--out``, a positional by its metavar
+    (``init_from`` as ``MODEL``). Only names with an underscore: a plain word (``data``,
+    ``pos``) is also English."""
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        if "_" not in action.dest or action.help == argparse.SUPPRESS or action.dest in names:
+            continue
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs:
+            names[action.dest] = longs[0]
+        elif not action.option_strings and isinstance(action.metavar, str):
+            names[action.dest] = action.metavar
+    if not names:
+        return text
+    alternatives = "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
+    pattern = re.compile(rf"(?<![\w/.\-])({alternatives})(?![\w/])")
+    return pattern.sub(lambda m: names[m.group(1)], text)
+
+
+def command(
+    prog: str, parser: Callable[[], argparse.ArgumentParser] | None = None
+) -> Callable[[Main], Main]:
+    """Decorate a subcommand's ``main(argv)`` so user errors exit 2 with one line naming them;
+    with its ``parser`` (the function that builds it), the line names the flags a user types
+    instead of the config fields behind them (``flag_names``)."""
 
     def wrap(main: Main) -> Main:
         @functools.wraps(main)
@@ -194,7 +221,10 @@ def command(prog: str) -> Callable[[Main], Main]:
             except USER_ERRORS as err:
                 if debug:
                     raise
-                print(f"{prog}: error: {error_line(err)}", file=sys.stderr)
+                line = error_line(err)
+                if parser is not None:
+                    line = flag_names(line, parser())
+                print(f"{prog}: error: {line}", file=sys.stderr)
                 return 2
 
         return run

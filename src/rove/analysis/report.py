@@ -414,7 +414,7 @@ def default_out(args: argparse.Namespace) -> Path:
     return ANALYSIS_ROOT / f"{model}-layer{args.layer}-head{args.head}"
 
 
-@command("rove analyze")
+@command("rove analyze", build_parser)
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

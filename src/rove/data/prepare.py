@@ -688,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@command("rove data prepare")
+@command("rove data prepare", build_parser)
 def main(argv: list[str] | None = None) -> int:
     """``rove data prepare``: prepare a dataset and print its summary; returns the exit code."""
     args = build_parser().parse_args(argv)

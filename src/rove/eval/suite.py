@@ -559,7 +559,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-@command("rove eval")
+@command("rove eval", _parser)
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     qa_paths = {k: v for k, v in (("qa_squad", args.squad), ("qa_hotpot", args.hotpotqa)) if v}

@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@command("rove vision")
+@command("rove vision", build_parser)
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     threads = torch.get_num_threads()
