@@ -191,11 +191,13 @@ class ComparePlan:
             f"seq_len {first.seq_len}, {first.max_steps} steps of {first.tokens_per_step} "
             f"tokens, lr {first.lr:g}, {first.dtype}, {resolve_device(first.device)}",
         ]
-        if first.conversion is not None:
-            lines.append(f"  conversion: {first.conversion} (ramp_steps {first.ramp_steps})")
         lines.append(f"  output: {cfg.out_dir} ({run_files.RESULTS}, report.md, plots)")
         for run in self.runs:
-            lines.append(f"    {run.pos} seed {run.seed}: {run.run_dir} ({_run_state(run)})")
+            conversion = run.config.conversion  # a finetune's converted arm's
+            how = "" if conversion is None else f", {conversion} conversion"
+            if run.config.ramp_steps is not None:
+                how += f" over {run.config.ramp_steps} steps"
+            lines.append(f"    {run.pos} seed {run.seed}{how}: {run.run_dir} ({_run_state(run)})")
         return "\n".join(lines)
 
 
