@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -242,4 +243,44 @@ def test_cli_random_and_checkpoint(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path)])  # neither a checkpoint nor --random
     with pytest.raises(ValueError, match="head 5 out of range"):
-        analyze(random_model("rove"), tmp_path, head=5)
+        analyze(random_model("rove"), tmp_path / "h5", head=5)
+
+
+def test_an_analysis_never_silently_replaces_another(tmp_path, capsys, monkeypatch):
+    """Before: the README's two ``rove analyze`` lines wrote one folder, the second silently
+    replacing the first. Now each model and head has its own default folder, and a folder
+    holding anything else is refused, naming --out and --force."""
+    from rove.analysis.report import build_parser, default_out
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "demo" / "runs" / "rove-seed0"
+    random_rove = build_parser().parse_args(["--random", "--pos", "rove"])
+    assert default_out(random_rove) == Path("runs/analysis/random-rove-nano-seed0-layer0-head0")
+    assert default_out(build_parser().parse_args([str(run), "--head", "1"])) == Path(
+        "runs/analysis/rove-seed0-layer0-head1"
+    )
+    quick = ["--seq-len", "6"]
+    assert main(["--random", "--pos", "rove", *quick]) == 0
+    assert main(["--random", "--pos", "rope", *quick]) == 0  # its own folder
+    assert sorted(p.name for p in (tmp_path / "runs" / "analysis").iterdir()) == [
+        "random-rope-nano-seed0-layer0-head0",
+        "random-rove-nano-seed0-layer0-head0",
+    ]
+    assert main(["--random", "--pos", "rove", *quick, "--out", "runs/analysis"]) == 0  # README
+    out = ["--out", "shared"]
+    assert main(["--random", "--pos", "rove", *quick, *out]) == 0
+    first = (tmp_path / "shared" / "report.md").read_text()
+    assert main(["--random", "--pos", "rove", *quick, *out]) == 0  # the same again: replaced
+    capsys.readouterr()
+    assert main(["--random", "--pos", "rope", *quick, *out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rove analyze: error: --out shared holds the analysis of layer 0 head 0")
+    assert "choose another --out" in err and "--force" in err
+    assert (tmp_path / "shared" / "report.md").read_text() == first  # untouched
+    assert main(["--random", "--pos", "rope", *quick, *out, "--force"]) == 0
+    assert (tmp_path / "shared" / "report.md").read_text() != first
+    (tmp_path / "compare").mkdir()
+    (tmp_path / "compare" / "report.md").write_text("a comparison's report")
+    assert main(["--random", *quick, "--out", "compare"]) == 2
+    assert "holds files of another command" in capsys.readouterr().err
+    assert (tmp_path / "compare" / "report.md").read_text() == "a comparison's report"

@@ -230,10 +230,11 @@ def test_signature_defaults_and_the_formatter():
 def test_default_output_folders_are_under_runs():
     """Every command's default output lands in ``runs/`` (git-ignored): ``rove analyze RUN`` in
     the README wrote an untracked ``analysis/`` into the repository root."""
+    from rove.analysis.report import default_out
     from rove.demo import DEMO_OUT, QUICK_DEMO_OUT
-    from rove.vision.cli import build_parser as vision_parser
+    from rove.vision.cli import QUICK_VISION_OUT, VISION_OUT
 
-    assert analyze_parser().parse_args(["--random"]).out == "runs/analysis"
-    assert vision_parser().parse_args([]).out.startswith("runs/")
+    assert str(default_out(analyze_parser().parse_args(["--random"]))).startswith("runs/analysis/")
+    assert VISION_OUT.startswith("runs/") and QUICK_VISION_OUT.startswith("runs/")
     assert CompareConfig().out_dir.startswith("runs/")
     assert DEMO_OUT.startswith("runs/") and QUICK_DEMO_OUT.startswith("runs/")

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import errno
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
+import rove as rove_package
 from rove.cli import main as rove
+
+CLONE = Path(rove_package.__file__).resolve().parents[1].parent  # src/rove -> the clone
+LOCK = CLONE / "requirements" / "lock.txt"
 
 
 def _one_error_line(capsys: pytest.CaptureFixture, prog: str, *needles: str) -> str:
@@ -140,13 +146,13 @@ def test_vision_with_an_unknown_position_or_layout(capsys, args, needle):
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (["--test-sizes", "16", "18"], ["test sizes [18]", "patch_size 4"]),
+        (["--test-sizes", "16", "18"], ["test sizes [18]", "--patch-size 4"]),
         (["--seeds", "0", "0"], ["seeds must be a non-empty list without repeats"]),
         (["--epochs", "0"], ["epochs must be >= 1, got 0"]),  # before: 0 meant the default 20
         (["--lr", "-1"], ["lr must be > 0"]),
-        (["--image-size", "18"], ["image_size 18 is not a multiple of patch_size 4"]),
-        (["--image-size", "0"], ["image_size must be >= 1, got 0"]),  # before: 0 meant 16
-        (["--patch-size", "0"], ["patch_size must be >= 1, got 0"]),  # before: a traceback
+        (["--image-size", "18"], ["--image-size 18 is not a multiple of --patch-size 4"]),
+        (["--image-size", "0"], ["--image-size must be >= 1, got 0"]),  # before: 0 meant 16
+        (["--patch-size", "0"], ["--patch-size must be >= 1, got 0"]),  # before: a traceback
         # before: CIFAR-10 was loaded (with --download: downloaded) before this was found
         (["--dataset", "cifar10", "--download", "--seeds", "1", "1"], ["without repeats"]),
     ],
@@ -212,15 +218,15 @@ def test_a_command_whose_extra_is_not_installed_says_which_to_install(tmp_path):
 
     save_byte_run(run, GPT(get_preset("nano", vocab_size=320)))
     out = run_python(code, run, tmp_path / "export", stderr=True)
-    assert out.strip().endswith("pip install -e '.[hf]' (--debug for the traceback)"), out
+    assert out.strip().endswith("[hf]' -c " + str(LOCK) + " (--debug for the traceback)"), out
     assert "Traceback" not in out
 
 
 def test_a_command_without_the_toolkit_is_one_line(tmp_path):
     """The library install (no extra): a toolkit command says, in one line, which extra to
-    install and how (``rove._extras.install_hint``), where importing it fails."""
+    install and how (``rove._extras.install_command``), before importing it."""
     from fresh_process import run_python
-    from rove._extras import install_hint
+    from rove._extras import install_command
 
     code = (
         "import sys\n"
@@ -230,5 +236,118 @@ def test_a_command_without_the_toolkit_is_one_line(tmp_path):
     )
     out = run_python(code, tmp_path, stderr=True).strip()
     assert out.startswith("rove demo: error: ") and "'toolkit' extra" in out, out
-    assert out.endswith(f"{install_hint('toolkit')} (--debug for the traceback)"), out
+    assert out.endswith(f"{install_command('toolkit')} (--debug for the traceback)"), out
     assert len(out.splitlines()) == 1
+
+
+# ---------------------------------------------------------------- extras: one line, before work
+
+
+def test_the_install_line_names_the_clone_and_the_lock_from_any_folder(tmp_path, monkeypatch):
+    """Before: ``pip install -e '.[lora]'`` worked only from the clone's root, and without the
+    lock it installed accelerate 1.16.0, not the locked 1.15.0."""
+    from rove._extras import install_command
+
+    monkeypatch.chdir(tmp_path)
+    assert LOCK.is_file()
+    assert install_command("lora") == f"pip install -e '{CLONE}[lora]' -c {LOCK}"
+    assert install_command("gguf", "lora") == f"pip install -e '{CLONE}[gguf,lora]' -c {LOCK}"
+
+
+def test_the_extras_packages_are_pyprojects():
+    """``EXTRA_PACKAGES`` (what a command checks) says what pyproject.toml's extras install."""
+    tomllib = pytest.importorskip("tomllib")
+    from rove._extras import EXTRA_PACKAGES
+
+    extras = tomllib.loads((CLONE / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    import_names = {"pyyaml": "yaml", "scikit-learn": "sklearn", "lm-eval": "lm_eval"}
+
+    def packages(extra: str) -> set[str]:
+        out: set[str] = set()
+        for requirement in extras[extra]:
+            name = requirement.split(">")[0].split("=")[0].split("[")[0].strip()
+            if name == "rove":  # rove[toolkit]: another extra's packages
+                out |= packages(requirement.split("[")[1].rstrip("]"))
+            else:
+                out.add(import_names.get(name, name.replace("-", "_")))
+        return out
+
+    for extra, names in EXTRA_PACKAGES.items():
+        assert set(names) == packages(extra), extra
+
+
+@pytest.mark.parametrize(
+    ("prog", "argv", "extras"),
+    [
+        ("rove lm-eval", ["--tasks", "x"], ["lm-eval"]),  # not the toolkit it also brings
+        ("rove finetune", ["{hf}"], ["toolkit", "hf"]),
+        ("rove finetune", ["{hf}", "--lora", "8"], ["lora"]),
+        ("rove finetune", ["m.gguf", "--lora=8"], ["lora", "gguf"]),
+        ("rove finetune", ["{run}"], ["toolkit"]),
+        ("rove data prepare", ["--source", "fineweb-edu"], ["fineweb"]),
+        ("rove train", ["--tokenizer", "hf:tok.json", "--data=fineweb-edu"], ["fineweb", "hf"]),
+        ("rove export", ["run"], ["hf"]),
+        ("rove generate", ["{hf}"], ["hf"]),
+    ],
+)
+def test_each_command_knows_the_extras_it_needs(tmp_path, prog, argv, extras):
+    from rove._extras import command_extras
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    argv = [a.format(hf=tmp_path / "hf", run=tmp_path / "run") for a in argv]
+    assert command_extras(prog, argv) == extras
+
+
+def test_finetune_lora_without_peft_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    """Before: ``--lora`` without PEFT failed after 128 s of tokenizing. Now the command line's
+    extras are checked first, by ``rove`` and by the command's ``main`` alike: the model is not
+    even read (it does not exist here) and nothing is written."""
+    import rove.train.source as source
+    from rove._extras import install_command
+    from rove.finetune import main as finetune
+
+    def never(*args: object) -> None:
+        raise AssertionError("work began before the extras were checked")
+
+    monkeypatch.setattr(source, "read_source", never)
+    monkeypatch.setitem(sys.modules, "peft", None)  # as if not installed
+    model, out = tmp_path / "model", tmp_path / "out"
+    line = (
+        f"rove finetune needs rove's 'lora' extra (peft is not installed); "
+        f"{install_command('lora')} (--debug for the traceback)"
+    )
+    for run in (lambda a: rove(["finetune", *a]), finetune):
+        assert run([str(model), "--lora", "8", "--out", str(out)]) == 2
+        assert _one_error_line(capsys, "rove finetune") == f"rove finetune: error: {line}"
+    assert not out.exists()
+
+
+def test_lm_eval_without_the_toolkit_names_its_own_extra(capsys, monkeypatch):
+    """Before: ``rove lm-eval`` said 'toolkit' (the first missing package's extra); installing
+    it, the user met the next missing package. Now one line names the lm-eval extra."""
+    from rove._extras import install_command
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    assert rove(["lm-eval", "--tasks", "hellaswag"]) == 2
+    line = _one_error_line(capsys, "rove lm-eval")
+    assert "'lm-eval' extra (tqdm, lm_eval are not installed)" in line, line
+    assert line.endswith(f"{install_command('lm-eval')} (--debug for the traceback)"), line
+
+
+def test_errors_name_the_flags_a_user_types(tmp_path, capsys):
+    """Before: ``run_name must be a folder name inside out_dir`` named config fields; the user
+    typed --run-name and --out."""
+    assert rove(["train", "--run-name", "a/b", "--out", str(tmp_path), "--dry-run"]) == 2
+    line = _one_error_line(capsys, "rove train")
+    assert "--run-name must be a folder name inside --out (no '/'" in line, line
+    assert rove(["train", "--max-steps", "5", "--warmup-steps", "9", "--dry-run"]) == 2
+    assert "--warmup-steps (9) must be <= --max-steps (5)" in _one_error_line(capsys, "rove train")
+    missing = tmp_path / "max_steps"  # a path that holds a field's name keeps it
+    assert rove(["finetune", str(missing), "--max-steps", "3"]) == 2
+    line = _one_error_line(capsys, "rove finetune")
+    assert f"MODEL {missing}: no such file or folder" in line, line

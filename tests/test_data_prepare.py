@@ -108,7 +108,9 @@ def test_stdlib_source_is_deterministic_and_spans_the_library():
 
 def test_fineweb_missing_datasets_message(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
-    with pytest.raises(ImportError, match=r"'fineweb' extra; .*pip install -e '\.\[fineweb\]'"):
+    with pytest.raises(
+        ImportError, match=r"'fineweb' extra; pip install -e '.*\[fineweb\]' -c .*lock.txt"
+    ):
         iter_documents("fineweb-edu")
 
 

@@ -141,3 +141,26 @@ def test_a_run_is_measured_at_multiples_of_the_context_it_trained_at(
     assert list(record["ppl_scaled"]["yarn"]) == ([] if context else ["128"])
     note = "Lengths are multiples of the training length 16; the model's context is 64"
     assert (note in capsys.readouterr().out) == (context is not None)
+
+
+def test_eval_reports_progress_in_a_log_file_too(
+    run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: ``rove eval`` printed nothing for minutes off a terminal (its bars were off
+    there). Now a line like training's, here at every step (in use, every half minute)."""
+    import rove.terminal as terminal
+
+    monkeypatch.setattr(terminal, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(terminal, "interactive", lambda: False)  # as in a log file
+    out = tmp_path / "eval.json"
+    argv = ["eval", str(run), "--out", str(out), "--data", str(run.parent / "held_out.txt")]
+    argv += ["--no-ruler", "--ppl-multiples", "1", "--ppl-scalings", "none", "--icl-items", "4"]
+    with caplog.at_level("INFO", logger="rove.progress"):
+        assert rove(argv) == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "rove.progress"]
+    assert any(line.startswith("ppl@64: ") and "ETA" in line for line in lines), lines
+    assert any(line.startswith("scoring: ") for line in lines), lines  # the ICL suite's
+    caplog.clear()
+    with caplog.at_level("INFO", logger="rove.progress"):
+        assert rove([*argv, "--no-progress"]) == 0
+    assert not [r for r in caplog.records if r.name == "rove.progress"]

@@ -72,7 +72,9 @@ def test_make_model_without_lm_eval_says_how_to_install(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "lm_eval", None)
     monkeypatch.setitem(sys.modules, "lm_eval.api", None)
     monkeypatch.setitem(sys.modules, "lm_eval.api.model", None)
-    with pytest.raises(ImportError, match=r"'lm-eval' extra; .*pip install -e '\.\[lm-eval\]'"):
+    with pytest.raises(
+        ImportError, match=r"'lm-eval' extra; pip install -e '.*\[lm-eval\]' -c .*lock.txt"
+    ):
         make_lm_eval_model(cycle_model(), TOK)
 
 

@@ -322,6 +322,47 @@ def test_compare_detects_stale_runs_and_evals(data_dir, tmp_path, capsys):
     assert set(json.loads((out / "results.json").read_text())["runs"][0]["ppl"]) == {"32", "64"}
 
 
+def test_compare_resolves_each_run_once_and_dry_run_prints_the_plan(
+    data_dir, tmp_path, capsys, monkeypatch
+):
+    """Before: one comparison rebuilt and re-resolved each run's TrainConfig in seven places;
+    now a plan holds them, which ``--dry-run`` prints without training or writing anything."""
+    out = tmp_path / "cmp"
+    cfg = small_compare(data_dir, out)
+    cfg.pos, cfg.seeds = ["rope", "rove"], [0, 1]
+    config_file = tmp_path / "cmp.json"
+    config_file.write_text(json.dumps(dataclasses.asdict(cfg)))
+    assert compare_main(["--config", str(config_file), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "arms: rope (baseline), rove; seeds: 0 1; 4 runs" in plan
+    assert "preset nano" in plan and "3 steps" in plan and "fp32" in plan
+    for name in ("rope-seed0", "rove-seed0", "rope-seed1", "rove-seed1"):
+        assert f"{out / 'runs' / name} (trains)" in plan
+    assert not out.exists()  # nothing written, nothing trained
+
+    resolved: list[str] = []
+    real_resolve = TrainConfig.resolve
+
+    def counted(self: TrainConfig):
+        if not self.is_resolved():
+            resolved.append(str(self.run_name))
+        return real_resolve(self)
+
+    monkeypatch.setattr(TrainConfig, "resolve", counted)
+    cfg.pos, cfg.seeds = ["rope"], [0]
+    run_compare(cfg, progress=False)
+    assert resolved == ["rope-seed0"]  # by the plan, once; the rest use its resolved config
+    monkeypatch.undo()
+
+    config_file.write_text(json.dumps(dataclasses.asdict(small_compare(data_dir, out))))
+    assert compare_main(["--config", str(config_file), "--dry-run"]) == 0
+    assert f"{out / 'runs' / 'rope-seed0'} (trained: reused)" in capsys.readouterr().out
+    assert compare_main(["--config", str(config_file), "--dry-run", "--train", "max_steps=4"]) == 0
+    assert "(trained with another config (max_steps: 3 -> 4): refused without --force)" in (
+        capsys.readouterr().out
+    )
+
+
 def test_stale_runs_that_differ_alike_are_named_after_one_difference(data_dir, tmp_path):
     """Before: the message repeated 'max_steps: 3 -> 4' once per run."""
     out = tmp_path / "cmp"

@@ -202,9 +202,9 @@ def test_the_command_line(source, tmp_path, capsys):
     recipe = json.loads(capsys.readouterr().out)["train"]
     assert (recipe["conversion"], recipe["ramp_steps"]) == ("hard", None)
     for argv, message in [
-        (["--max-steps", "5", "--ramp-steps", "6"], "ramp_steps (6) must be <= max_steps (5)"),
+        (["--max-steps", "5", "--ramp-steps", "6"], "--ramp-steps (6) must be <= --max-steps (5)"),
         (["--max-steps", "5", "--conversion", "hard", "--ramp-steps", "2"], "goes with conversion"),
-        (["--max-steps", "5", "--ramp-steps", "0"], "ramp_steps must be a positive int"),
+        (["--max-steps", "5", "--ramp-steps", "0"], "--ramp-steps must be a positive int"),
     ]:
         assert main([str(source), *argv, "--dry-run"]) == 2
         assert message in capsys.readouterr().err
@@ -219,6 +219,20 @@ def test_the_command_line(source, tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(argv)
         assert message in capsys.readouterr().err
+
+
+def test_the_comparison_s_dry_run_prints_its_plan(source, tmp_path, capsys):
+    """``rove finetune --compare --dry-run`` (before: refused) prints the arms, seeds, settings
+    and run folders, and trains nothing."""
+    argv = [str(source), "--compare", "--seeds", "0", "1", "--max-steps", "5"]
+    assert main([*argv, "--out", str(tmp_path), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "arms: rope (baseline), rove; seeds: 0 1; 4 runs" in plan
+    assert f"every run: model {source}" in plan and "5 steps" in plan
+    runs = tmp_path / f"finetune-{source.name}" / "runs"
+    assert f"rope seed 1: {runs / 'rope-seed1'} (trains)" in plan
+    assert f"rove seed 1, smooth conversion over 1 steps: {runs / 'rove-seed1'} (trains)" in plan
+    assert not list(tmp_path.iterdir())
 
 
 def test_the_comparison_pairs_both_arms_on_one_recipe(source, tmp_path):

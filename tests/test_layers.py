@@ -54,6 +54,7 @@ LAYERS: dict[str, int] = {
     "rove.layer": 3,
     "rove.reference": 3,
     "rove.sampling": 3,
+    "rove.loss": 3,
     "rove.group": 3,
     "rove.model": 4,
     "rove.checkpoint": 4,
@@ -323,8 +324,8 @@ def test_the_hugging_face_side_needs_only_its_extra() -> None:
 
 def test_a_missing_extra_is_one_line_naming_it() -> None:
     """A toolkit module without its extra: one ImportError line with the extra and the command
-    (``rove._extras.install_hint``), never a bare ``No module named ...``."""
-    from rove._extras import install_hint
+    (``rove._extras.install_command``), never a bare ``No module named ...``."""
+    from rove._extras import install_command
 
     for module, extra in [("rove.stats", "toolkit"), ("rove.eval.lm_eval_model", "lm-eval")]:
         out = subprocess.run(
@@ -335,7 +336,7 @@ def test_a_missing_extra_is_one_line_naming_it() -> None:
         )
         last = out.stderr.strip().splitlines()[-1]
         assert last.startswith("ImportError: ") and f"'{extra}' extra" in last, last
-        assert last.endswith(install_hint(extra)), last
+        assert last.endswith(install_command(extra)), last
 
 
 def test_no_message_names_an_index_package() -> None:

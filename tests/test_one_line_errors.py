@@ -34,7 +34,7 @@ def test_a_truncated_weights_file_in_a_hugging_face_source(tmp_path, capsys):
     out = tmp_path / "out"
     assert main([str(source), "--max-steps", "2", "--out", str(out), "--no-progress"]) == 2
     (line,) = error_lines(capsys.readouterr().err)
-    assert line.startswith(f"rove finetune: error: init_from {source}: cannot read its weights (")
+    assert line.startswith(f"rove finetune: error: MODEL {source}: cannot read its weights (")
     assert not (out / "llama-rove-seed0").exists()  # refused: no run folder left
 
 

@@ -128,3 +128,33 @@ def test_a_fraction_outside_0_1_is_refused(bad):
 def test_only_a_rove_gpt_takes_a_fraction():
     with pytest.raises(ValueError, match="needs a pos='rove' model"):
         gpt("rope").set_rove_fraction(0.5)
+
+
+def test_gpt_builds_the_fraction_tables_once_per_forward(monkeypatch):
+    """The V/O tables at a are part of the inputs every layer shares, not one per layer."""
+    import rove.functional as functional
+
+    calls = []
+    real = functional.fraction_tables
+    monkeypatch.setattr(
+        functional, "fraction_tables", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    model = gpt("rove")
+    model.set_rove_fraction(0.5)
+    model(torch.randint(0, 32, (1, 8)))
+    assert len(calls) == 1 and len(model.blocks) == 2
+
+
+def test_inputs_carry_the_fraction_and_their_pos():
+    from rove.functional import attention_inputs
+
+    m = layer()
+    x = torch.randn(1, 5, 16, **F64)
+    kw = dict(batch=1, seq=5, dtype=x.dtype, device=x.device)
+    half = attention_inputs("rove", m.rotary, None, None, fraction=0.5, **kw)
+    m.rove_fraction = 0.5
+    assert torch.equal(m(x, inputs=half), m(x))
+    none = attention_inputs("rove", m.rotary, None, None, fraction=0, **kw)
+    assert none.vo_tables is None  # a = 0: RoPE exactly, no V/O rotation
+    with pytest.raises(ValueError, match="inputs built for pos 'rope' given to a 'rove' layer"):
+        m(x, inputs=attention_inputs("rope", m.rotary, None, None, **kw))

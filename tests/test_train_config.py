@@ -184,7 +184,7 @@ def test_cli_dry_run_and_errors(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["train"]["max_steps"] == 19_073 and out["grad_accum"] == 16
     assert main(["--preset", "nano", "--micro-batch", "7", "--dry-run"]) == 2
-    assert "tokens_per_step" in capsys.readouterr().err
+    assert "--tokens-per-step" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("max_steps", "warmup"), [(5, 0), (9, 0), (10, 10), (200, 10)])
@@ -204,4 +204,4 @@ def test_a_shortened_warmup_is_said_in_one_line_and_an_explicit_one_is_kept(caps
     assert main(["--preset", "nano", "--max-steps", "50", "--dry-run"]) == 0
     assert capsys.readouterr().err == ""  # the recipe's warm-up fits: nothing to say
     assert main(["--preset", "nano", "--max-steps", "5", "--warmup-steps", "8", "--dry-run"]) == 2
-    assert "warmup_steps (8) must be <= max_steps (5)" in capsys.readouterr().err
+    assert "--warmup-steps (8) must be <= --max-steps (5)" in capsys.readouterr().err

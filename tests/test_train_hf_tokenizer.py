@@ -101,6 +101,6 @@ def test_trainconfig_takes_hf_tokenizers_and_compare_names_the_data(data: Path, 
     with pytest.raises(ValueError, match="unknown tokenizer 'bpe'"):
         TrainConfig(preset="nano", tokenizer="bpe")
     cfg = CompareConfig(train={"preset": "nano", "data_dir": str(data)})
-    line = _setup_line(cfg, [{"train": {"tokens": 1, "params": 2, "device": "cpu"}}])
+    line = _setup_line(cfg.plan(), [{"train": {"tokens": 1, "params": 2, "device": "cpu"}}])
     assert line.startswith(f"Preset nano, data {data}, ")  # was "data default"
     assert os.fspath(data) in line

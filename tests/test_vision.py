@@ -176,3 +176,25 @@ def test_quick_run_is_quick(tmp_path):
     start = time.perf_counter()
     assert main(["--quick", "--out", str(tmp_path)]) == 0
     assert time.perf_counter() - start < 30
+
+
+def test_a_comparison_never_silently_replaces_another(tmp_path, capsys):
+    """Before: ``rove vision --quick`` and ``rove vision`` wrote one folder, the second silently
+    replacing the first; now --quick has its own default folder, and a folder holding another
+    comparison is refused before any training, naming --out and --force."""
+    from rove.cli import main as rove
+
+    (tmp_path / "results.json").write_text(json.dumps({"settings": {"seeds": [9]}}))
+    assert rove(["vision", "--quick", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path} holds another comparison's results" in err, err
+    assert "choose another --out, or add --force" in err
+    assert json.loads((tmp_path / "results.json").read_text())["settings"] == {"seeds": [9]}
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "report.md").write_text("a comparison's report")
+    assert rove(["vision", "--quick", "--out", str(other)]) == 2
+    assert "holds files of another command" in capsys.readouterr().err
+    from rove.vision.cli import build_parser
+
+    assert "runs/vision-quick" in build_parser().format_help()

@@ -63,15 +63,17 @@ def main(argv: list[str] | None = None) -> int:
         rest = rest[1:]
     # progress messages (e.g. a line per validation when not on a terminal) go to stderr
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from rove._extras import check_command
     from rove.terminal import SIGNAL_KEPT, Interrupted, raise_on_signals
 
     try:  # importing torch takes seconds: a signal meanwhile also gets its line
+        check_command(f"rove {command}{' prepare' if command == 'data' else ''}", rest)
         with raise_on_signals(SIGNAL_KEPT):
             module = importlib.import_module(COMMANDS[command][0])
     except Interrupted as err:
         print(f"rove {command}: {err}", file=sys.stderr)
         return err.exit_code
-    except ImportError as err:  # an extra the command needs is not installed
+    except ImportError as err:  # an extra the command needs is not installed (all it needs)
         from rove.terminal import error_line
 
         if "--debug" in rest or os.environ.get("ROVE_DEBUG") == "1":

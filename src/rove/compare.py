@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -51,6 +51,7 @@ from rove.precision import (
     legacy_precision,
     machine_facts,
     resolve_device,
+    resolve_dtype,
 )
 from rove.report import findings, write_report
 from rove.terminal import (
@@ -67,13 +68,19 @@ from rove.train.loop import TrainingInterrupted
 from rove.train.metrics import read_metrics
 from rove.train.source import read_source
 
+if TYPE_CHECKING:
+    from rove.train.config import ResolvedTrainConfig
+
 with needs_extra("toolkit", __name__):
     from tqdm.auto import tqdm
 
 __all__ = [
     "RENAMED_FIELDS",
     "CompareConfig",
+    "ComparePlan",
+    "PlannedRun",
     "StaleRunError",
+    "add_comparison_flags",
     "build_parser",
     "config_from_args",
     "config_from_dict",
@@ -102,27 +109,44 @@ class CompareConfig:
     def __post_init__(self) -> None:
         check_types(self)
 
-    def validate(self) -> None:
-        """Every run's config, before any work: a typo must not surface after the first model
-        has trained for hours. Raises ``ValueError`` naming the problem."""
+    def check(self) -> None:
+        """The comparison's own fields (not its runs'): raises ``ValueError`` naming the problem."""
         for name, values in (("pos", self.pos), ("seeds", self.seeds)):
             if not values or len(set(values)) != len(values):
-                raise ValueError(f"{name} must be a non-empty list without repeats, got {values}")
+                flag = f"--{name}"
+                raise ValueError(f"{flag} must be a non-empty list without repeats, got {values}")
         if self.baseline not in self.pos:
             raise ValueError(
-                f"baseline {self.baseline!r} is not one of the compared encodings, pos {self.pos}"
+                f"--baseline {self.baseline!r} is not one of the compared encodings, "
+                f"--pos {' '.join(self.pos)}"
             )
         if self.train.get("init_from"):
             own = read_source(self.train["init_from"]).pos
             if self.baseline != own:
                 raise ValueError(
-                    f"baseline {self.baseline!r}: a finetune comparison (train init_from) "
+                    f"--baseline {self.baseline!r}: a finetune comparison (train init_from) "
                     f"measures the converted arms against the model continued as it is, "
                     f"baseline {own!r}"
                 )
-        for pos in self.pos:
-            for seed in self.seeds:
-                check_data_tokenizer(self.train_config(pos, seed).resolve())
+
+    def validate(self) -> None:
+        """Every run's config, before any work: a typo must not surface after the first model
+        has trained for hours. Raises ``ValueError`` naming the problem (``plan`` does it)."""
+        self.plan()
+
+    def plan(self) -> ComparePlan:
+        """The comparison resolved once: its runs' configs (``TrainConfig.resolve``), in the
+        order they run, with one precision for all (``_pin_precision``); checked."""
+        self.check()
+        cfg = _pin_precision(self)
+        runs = tuple(
+            PlannedRun(pos, seed, cfg.train_config(pos, seed).resolve())
+            for seed in cfg.seeds
+            for pos in cfg.pos
+        )
+        for run in runs:
+            check_data_tokenizer(run.config)
+        return ComparePlan(cfg, runs, self.train.get("dtype", "auto"))
 
     def run_name(self, pos: str, seed: int) -> str:
         return f"{pos}-seed{seed}"
@@ -139,6 +163,61 @@ class CompareConfig:
         )
 
 
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a comparison: an encoding, a seed, and its resolved train config."""
+
+    pos: str
+    seed: int
+    config: ResolvedTrainConfig
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.out_dir) / str(self.config.run_name)
+
+
+@dataclass(frozen=True)
+class ComparePlan:
+    """What ``rove compare`` runs (``CompareConfig.plan``): the comparison, its precision pinned,
+    and its runs, seeds outer and encodings inner (the order they train in)."""
+
+    config: CompareConfig
+    runs: tuple[PlannedRun, ...]
+    requested_dtype: str = "auto"  # the dtype asked for, before the pin ("auto": the hardware's)
+
+    def describe(self) -> str:
+        """The plan in words, what ``rove compare --dry-run`` prints: the arms and seeds, the
+        settings every run shares (resolved), and where each run and the report go."""
+        cfg, first = self.config, self.runs[0].config
+        source = f"model {first.init_from}" if first.init_from else f"preset {first.preset}"
+        data = first.data_dir or first.data
+        arms = ", ".join(f"{p} (baseline)" if p == cfg.baseline else p for p in cfg.pos)
+        lines = [
+            f"{cfg.title}",
+            f"  arms: {arms}; seeds: {' '.join(map(str, cfg.seeds))}; {len(self.runs)} runs",
+            f"  every run: {source}, data {data}, tokenizer {first.tokenizer}, "
+            f"seq_len {first.seq_len}, {first.max_steps} steps of {first.tokens_per_step} "
+            f"tokens, lr {first.lr:g}, {first.dtype}, {resolve_device(first.device)}",
+        ]
+        lines.append(f"  output: {cfg.out_dir} ({run_files.RESULTS}, report.md, plots)")
+        for run in self.runs:
+            conversion = run.config.conversion  # a finetune's converted arm's
+            how = "" if conversion is None else f", {conversion} conversion"
+            if run.config.ramp_steps is not None:
+                how += f" over {run.config.ramp_steps} steps"
+            lines.append(f"    {run.pos} seed {run.seed}{how}: {run.run_dir} ({_run_state(run)})")
+        return "\n".join(lines)
+
+
+def _run_state(run: PlannedRun) -> str:
+    """What running the plan does with ``run``'s folder."""
+    if changed := _stale_fields(run.run_dir, run.config):
+        return f"trained with another config ({'; '.join(changed)}): refused without --force"
+    if (run.run_dir / run_files.SUMMARY).is_file():
+        return "trained: reused"
+    return "resumes" if run.run_dir.is_dir() else "trains"
+
+
 def _curve(run_dir: Path) -> list[dict]:
     keys = ("step", "tokens", "loss", "val_loss")
     return [
@@ -148,13 +227,13 @@ def _curve(run_dir: Path) -> list[dict]:
     ]
 
 
-def _stale_fields(run_dir: Path, tcfg: TrainConfig) -> list[str]:
+def _stale_fields(run_dir: Path, tcfg: ResolvedTrainConfig) -> list[str]:
     """'field: stored -> wanted' for each difference between the config stored in ``run_dir``
     and ``tcfg`` (empty if they have the same fingerprint, or nothing is stored yet)."""
     stored_file = run_files.recipe_file(run_dir)
     if not stored_file.is_file():
         return []
-    wanted = json.loads(json.dumps(tcfg.resolve().to_dict()))  # JSON types, as stored
+    wanted = json.loads(json.dumps(tcfg.to_dict()))  # JSON types, as stored
     stored = legacy_precision(
         json.loads(stored_file.read_text(encoding="utf-8"))["train"], wanted["dtype"]
     )
@@ -176,15 +255,13 @@ def _move_aside(run_dir: Path) -> Path:
     return target
 
 
-def _check_stale(cfg: CompareConfig, force: bool) -> None:
+def _check_stale(plan: ComparePlan, force: bool) -> None:
     """Before any work: refuse (or with ``force`` move aside) runs trained with another config."""
+    cfg = plan.config
     stale = {}
-    for seed in cfg.seeds:
-        for pos in cfg.pos:
-            tcfg = cfg.train_config(pos, seed)
-            run_dir = Path(tcfg.out_dir) / cfg.run_name(pos, seed)
-            if changed := _stale_fields(run_dir, tcfg):
-                stale[run_dir] = changed
+    for run in plan.runs:
+        if changed := _stale_fields(run.run_dir, run.config):
+            stale[run.run_dir] = changed
     if stale and not force:
         runs_by_changes: dict[tuple[str, ...], list[str]] = {}  # each difference said once
         for run_dir, changed in stale.items():
@@ -220,12 +297,11 @@ def _eval_is_current(record: dict, cfg: CompareConfig, summary: dict, seq_len: i
     return made_with == cfg.eval
 
 
-def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
+def _run_one(cfg: CompareConfig, run: PlannedRun, progress: bool) -> dict:
     """Train (or resume) and evaluate one model, reusing whatever is already on disk."""
-    tcfg = cfg.train_config(pos, seed)
-    run_dir = Path(tcfg.out_dir) / cfg.run_name(pos, seed)
+    pos, seed, run_dir = run.pos, run.seed, run.run_dir
     if not (run_dir / run_files.SUMMARY).is_file():
-        train(tcfg, progress=progress, resume=run_dir.is_dir())
+        train(run.config, progress=progress, resume=run_dir.is_dir())
     summary = json.loads((run_dir / run_files.SUMMARY).read_text())
     recipe = json.loads(run_files.recipe_file(run_dir).read_text(encoding="utf-8"))
     stored = recipe["train"]
@@ -252,9 +328,9 @@ def _run_one(cfg: CompareConfig, pos: str, seed: int, progress: bool) -> dict:
     }
 
 
-def _setup_line(cfg: CompareConfig, runs: list[dict]) -> str:
+def _setup_line(plan: ComparePlan, runs: list[dict]) -> str:
     t = runs[0]["train"]
-    tcfg = cfg.train_config(cfg.pos[0], cfg.seeds[0]).resolve()  # a prepared folder, or a corpus
+    tcfg = plan.runs[0].config  # a prepared folder, or a corpus
     return (
         f"{f'Model {tcfg.init_from}' if tcfg.init_from else f'Preset {tcfg.preset}'}, "
         f"data {tcfg.data_dir or tcfg.data}, "
@@ -271,12 +347,12 @@ def run_compare(cfg: CompareConfig, *, progress: bool = True, force: bool = Fals
     moves such runs aside and retrains them), ``FolderLockedError`` if another comparison
     writes to ``cfg.out_dir``.
     """
-    cfg.validate()
+    plan = cfg.plan()
     out = Path(cfg.out_dir)
     if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"the comparison folder {out} is a file")
+        raise NotADirectoryError(f"the comparison folder {out} (--out) is a file")
     with lock_folder(out, f"comparison folder {out}"):
-        return _run_compare(cfg, out, progress=progress, force=force)
+        return _run_compare(plan, out, progress=progress, force=force)
 
 
 def _pin_precision(cfg: CompareConfig) -> CompareConfig:
@@ -296,14 +372,16 @@ def _pin_precision(cfg: CompareConfig) -> CompareConfig:
                 recorded = json.loads(recipe.read_text(encoding="utf-8"))["train"].get("dtype")
                 if recorded in PRECISIONS:
                     return dataclasses.replace(cfg, train={**cfg.train, "dtype": recorded})
-    precision = cfg.train_config(cfg.pos[0], cfg.seeds[0]).resolve().dtype
+    device = cfg.train_config(cfg.pos[0], cfg.seeds[0]).device
+    precision = resolve_dtype("auto", resolve_device(device))  # as TrainConfig.resolve does
     return dataclasses.replace(cfg, train={**cfg.train, "dtype": precision})
 
 
-def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) -> Path:
+def _run_compare(plan: ComparePlan, out: Path, *, progress: bool, force: bool) -> Path:
     remove_temp_files(out)  # of a comparison killed while writing (this one holds the lock)
-    requested = cfg.train.get("dtype", "auto")
-    cfg = _pin_precision(cfg)
+    _check_stale(plan, force)
+    cfg = plan.config
+    requested = plan.requested_dtype
     precision = {  # the precision every run trained in, and why (for the report's header)
         "requested": requested,
         "ran": cfg.train["dtype"],
@@ -311,21 +389,19 @@ def _run_compare(cfg: CompareConfig, out: Path, *, progress: bool, force: bool) 
         if requested == "auto"
         else f"precision: {requested} (requested)",
     }
-    _check_stale(cfg, force)
     write_json_atomic(out / run_files.COMPARE_CONFIG, dataclasses.asdict(cfg))
-    jobs = [(pos, seed) for seed in cfg.seeds for pos in cfg.pos]
     runs: list[dict] = []
     start = time.perf_counter()
-    bar = tqdm(jobs, desc="compare", disable=not (progress and interactive()), position=0)
-    for i, (pos, seed) in enumerate(bar):
-        bar.set_postfix_str(f"{pos} seed {seed}")
+    bar = tqdm(plan.runs, desc="compare", disable=not (progress and interactive()), position=0)
+    for i, run in enumerate(bar):
+        bar.set_postfix_str(f"{run.pos} seed {run.seed}")
         if progress and not interactive():  # a log file gets a line per job instead of a bar
-            print(f"compare: {i + 1}/{len(jobs)} {pos} seed {seed}", flush=True)
-        runs.append(_run_one(cfg, pos, seed, progress))
+            print(f"compare: {i + 1}/{len(plan.runs)} {run.pos} seed {run.seed}", flush=True)
+        runs.append(_run_one(cfg, run, progress))
         results: dict[str, Any] = {
             "title": cfg.title,
             "config": dataclasses.asdict(cfg),
-            "setup": _setup_line(cfg, runs),
+            "setup": _setup_line(plan, runs),
             "machine": platform.platform(),
             "host": machine_facts(resolve_device(cfg.train.get("device", "auto"))),
             "precision": precision,
@@ -375,6 +451,22 @@ def config_from_dict(data: dict[str, Any]) -> CompareConfig:
     return dataclass_from_dict(CompareConfig, data)
 
 
+def add_comparison_flags(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup, *, title_help: str
+) -> None:
+    """The flags of a comparison that ``rove compare`` and ``rove finetune --compare`` share:
+    ``--eval KEY=VALUE``, ``--title`` and ``--force``."""
+    p.add_argument(
+        "--eval", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+        help="EvalConfig field (JSON value), e.g. --eval ruler_samples=20 --eval icl=false",
+    )  # fmt: skip
+    p.add_argument("--title", help=title_help)
+    p.add_argument(
+        "--force", action="store_true",
+        help="retrain runs whose stored config differs (the old ones are moved aside)",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``rove compare``'s flags: one per ``CompareConfig`` field, its default the field's."""
     p = argparse.ArgumentParser(
@@ -399,7 +491,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--baseline", choices=MODEL_POS_CHOICES, metavar="POS",
         help="the position encoding the others are compared against",
     )  # fmt: skip
-    p.add_argument("--title", help="title of report.md")
     p.add_argument(
         "--out", dest="out_dir",
         help="output folder: results.json, report.md, plots and runs/<pos>-seed<seed>/",
@@ -408,15 +499,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--train", action="append", default=[], type=key_value, metavar="KEY=VALUE",
         help="TrainConfig field shared by all runs (JSON value), e.g. --train preset=gpt2-124m",
     )  # fmt: skip
-    p.add_argument(
-        "--eval", action="append", default=[], type=key_value, metavar="KEY=VALUE",
-        help="EvalConfig field (JSON value), e.g. --eval ruler_samples=20 --eval icl=false",
-    )  # fmt: skip
+    add_comparison_flags(p, title_help="title of report.md")
     p.add_argument("--core-bundle", help="local DCLM eval bundle folder: also run CORE")
     p.add_argument("--report-only", action="store_true", help="rebuild report.md from results.json")
     p.add_argument(
-        "--force", action="store_true",
-        help="retrain runs whose stored config differs (the old ones are moved aside)",
+        "--dry-run", action="store_true",
+        help="print the plan (arms, seeds, resolved settings, output folders) and exit",
     )  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(**{k: v for k, v in config_defaults(CompareConfig).items() if k in _FLAG_FIELDS})
@@ -454,7 +542,7 @@ def _read_config(path: str) -> dict[str, Any]:
     return data
 
 
-@command("rove compare")
+@command("rove compare", build_parser)
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -468,6 +556,9 @@ def main(argv: list[str] | None = None) -> int:
         if not results_file.is_file():
             raise FileNotFoundError(f"no {results_file}: run the comparison first")
         print(f"wrote {write_report(json.loads(results_file.read_text()), cfg.out_dir)}")
+        return 0
+    if args.dry_run:
+        print(cfg.plan().describe())
         return 0
     return run_and_print("rove compare", cfg, progress=not args.no_progress, force=args.force)
 

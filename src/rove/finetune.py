@@ -43,10 +43,10 @@ import sys
 from pathlib import Path
 
 from rove import run_files
-from rove.compare import CompareConfig, config_from_dict, run_and_print
+from rove.compare import CompareConfig, add_comparison_flags, config_from_dict, run_and_print
 from rove.demo import DEMO_TRAIN, QUICK_TRAIN, demo_config
 from rove.functional import ROTARY_POS
-from rove.terminal import command, key_value, raise_on_signals
+from rove.terminal import command, raise_on_signals
 from rove.train import cli as train_cli
 from rove.train import train
 from rove.train.config import TrainConfig
@@ -111,15 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         "<--out>/finetune-<model>/",
     )
     g.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], metavar="SEED")
-    g.add_argument(
-        "--eval", action="append", default=[], type=key_value, metavar="KEY=VALUE",
-        help="EvalConfig field (JSON value), e.g. --eval ruler_samples=20",
-    )  # fmt: skip
-    g.add_argument("--title", help="title of report.md; default: names the model")
-    g.add_argument(
-        "--force", action="store_true",
-        help="retrain runs whose stored config differs (the old ones are moved aside)",
-    )  # fmt: skip
+    add_comparison_flags(g, title_help="title of report.md; default: names the model")
     return p
 
 
@@ -190,7 +182,7 @@ def _demo(
     return run_and_print("rove finetune", cfg, progress=progress, force=force)
 
 
-@command("rove finetune")
+@command("rove finetune", build_parser)
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rove finetune``; returns the exit status."""
     parser = build_parser()
@@ -219,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         return train_cli.run(parser.prog, args, train_cfg)
     if "--pos" in flags:
         parser.error("--compare trains both arms (as it is, and converted): leave out --pos")
-    if args.resume or args.dry_run:
-        parser.error("--compare resumes by itself (run it again) and has no --dry-run")
+    if args.resume:
+        parser.error("--compare resumes by itself: run the same command again")
     cfg = compare_config(train_cfg, args.seeds, dict(args.eval), args.title)
+    if args.dry_run:
+        print(cfg.plan().describe())
+        return 0
     return run_and_print(parser.prog, cfg, progress=not args.no_progress, force=args.force)

@@ -21,7 +21,9 @@ v), ``rove.layer.RoveAttention`` (a fused QKV projection and a KV cache) and ``r
 7. ``unrotate``: RoVE's ``R_(-p_i)`` on the output.
 
 Steps 1 to 3 depend on the positions and documents only: ``attention_inputs`` makes them once
-per forward as ``AttentionInputs``, which a model hands to every layer.
+per forward as ``AttentionInputs``, which a model hands to every layer, with the smooth
+conversion's fraction a and its V/O tables (``fraction_tables``); ``rotate_values`` rotates V
+by those where step 4 could not (0 < a < 1).
 
 Steps 4 and 7 are the only calls into ``rove.kernels`` (fused Triton on CUDA, pure torch on CPU);
 ``rove.reference`` computes the same contract pair by pair in float64, as the tests' oracle.
@@ -334,17 +336,24 @@ def packing_mask(
 
 
 class AttentionInputs(NamedTuple):
-    """The per-forward state of self-attention over ``T`` tokens, which depends on the positions
-    and documents but not on the layer: a model builds it once (``attention_inputs``) and passes
-    it to every layer, as transformers, litgpt and torchtitan do.
+    """The per-forward state of self-attention over ``T`` tokens, which depends on the positions,
+    documents and the smooth conversion's a but not on the layer: a model builds it once
+    (``attention_inputs``) and passes it to every layer, as transformers, litgpt and torchtitan
+    do.
 
-    Fields: the checked ``positions``; their cos/sin ``tables`` (None under nope); the packing
-    ``mask`` ``(B, 1, T, T)`` (None without ``doc_ids``: SDPA's own causal mask then does).
+    Fields: the ``pos`` it was built for; the checked ``positions``; their cos/sin ``tables`` for
+    q and k (None under nope); the packing ``mask`` ``(B, 1, T, T)`` (None without ``doc_ids``:
+    SDPA's own causal mask then does); the ``fraction`` a of RoVE's V/O angles and the V/O tables
+    ``vo_tables`` at ``a p`` (``tables`` itself at a = 1; None under nope and rope, and at a = 0,
+    which is RoPE exactly).
     """
 
+    pos: Pos
     positions: Positions
     tables: Tables | None
     mask: torch.Tensor | None
+    fraction: float
+    vo_tables: Tables | None
 
 
 def attention_inputs(
@@ -359,15 +368,23 @@ def attention_inputs(
     device: torch.device,
     offset: int = 0,
     causal: bool = True,
+    fraction: float = 1.0,
 ) -> AttentionInputs:
     """Steps 1 to 3 for self-attention over ``seq`` tokens that follow ``offset`` others (a KV
     cache's length): positions (default ``offset + arange(seq)``), their tables for tensors of
-    ``dtype``, and the mask of ``doc_ids`` ``(batch, seq)``."""
+    ``dtype``, the mask of ``doc_ids`` ``(batch, seq)``, and under rove the V/O tables at the
+    smooth conversion's ``fraction`` a (``fraction_tables``)."""
     at = token_positions(rotary, positions, seq, batch=batch, device=device, offset=offset)
-    tables = None
+    tables = vo_tables = None
     if rotary is not None and pos != "nope":
         (tables,) = position_tables(rotary, dtype, at)
-    return AttentionInputs(at, tables, packing_mask(doc_ids, batch, seq, seq, causal=causal))
+    if pos == "rove" and fraction == 1:
+        vo_tables = tables
+    elif pos == "rove" and fraction != 0:
+        assert rotary is not None  # rotary_for gives rove one
+        vo_tables = fraction_tables(rotary, dtype, at, check_fraction(fraction))
+    mask = packing_mask(doc_ids, batch, seq, seq, causal=causal)
+    return AttentionInputs(pos, at, tables, mask, fraction, vo_tables)
 
 
 # ---- steps 4 to 7: rotate, temperature, attend, unrotate ----
@@ -407,36 +424,42 @@ def rotate_separate(
     return q_rot, k_rot, k_rot if v is None else kernels.rotate(v, k_cos, k_sin, convention=conv)
 
 
-def rotate_values(v: torch.Tensor, tables: Tables, rotary: RotarySpec) -> torch.Tensor:
-    """RoVE's value rotation alone, on ``v`` ``(B, H, T, D)``: with V/O tables of their own
-    (``fraction_tables``), after q and k were rotated as RoPE's."""
-    return kernels.rotate(v, *tables, convention=rotary.convention)
+def rotate_values(
+    v: torch.Tensor, inputs: AttentionInputs, rotary: RotarySpec | None
+) -> torch.Tensor:
+    """RoVE's value rotation where step 4 left it, on ``v`` ``(B, H, T, D)``: the smooth
+    conversion at 0 < a < 1, whose V/O tables (``R(a p)``) differ from q and k's; ``v`` as it
+    is otherwise (at a = 1 ``rotate_qkv`` rotated it in its pass; nope, rope and a = 0 do not)."""
+    if inputs.vo_tables is None or inputs.fraction == 1:
+        return v
+    assert rotary is not None  # the V/O tables come from one
+    return kernels.rotate(v, *inputs.vo_tables, convention=rotary.convention)
 
 
 def rotate_qkv(
     qkv: torch.Tensor,
-    tables: Tables | None,
+    inputs: AttentionInputs,
     *,
-    pos: Pos,
     rotary: RotarySpec | None,
     n_head: int,
     n_kv_head: int,
     shared_kv: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Step 4 on a fused projection ``(B, T, (Hq + 2 Hkv) D)`` (``Hq + Hkv`` heads with
-    ``shared_kv``): the split into q, k, v ``(B, H, T, D)`` and their rotation in one pass."""
-    if pos == "nope":
+    ``shared_kv``): the split into q, k, v ``(B, H, T, D)`` and their rotation in one pass: q
+    and k by ``inputs.tables``, v too where its tables are the same (RoVE at a = 1)."""
+    if inputs.tables is None:  # nope
         heads = kernels.heads_view(qkv, n_head, n_kv_head, shared_kv)  # (B, H_total, T, D)
         q, k = heads[:, :n_head], heads[:, n_head : n_head + n_kv_head]
         return q, k, k if shared_kv else heads[:, n_head + n_kv_head :]
-    (cos, sin), conv = _rotating(pos, tables, rotary)
+    (cos, sin), conv = _rotating(inputs.pos, inputs.tables, rotary)
     return kernels.rotate_qkv(
         qkv,
         cos,
         sin,
         n_head=n_head,
         n_kv_head=n_kv_head,
-        rotate_v=pos == "rove",
+        rotate_v=inputs.vo_tables is not None and inputs.fraction == 1,
         shared_kv=shared_kv,
         convention=conv,
     )
@@ -493,20 +516,21 @@ def attend(
 
 def unrotate(
     out: torch.Tensor,
-    q_tables: Tables | None,
+    tables: Tables | None,
     *,
-    pos: Pos,
     rotary: RotarySpec | None,
     merge_heads: bool = False,
 ) -> torch.Tensor:
-    """Step 7: RoVE's ``R_(-p_i)`` on the attention output ``(B, H, Tq, D)`` (identity under
-    nope and rope). ``merge_heads``: return ``(B, Tq, H * D)``, the out-projection's input,
-    written in the same pass."""
-    if pos == "rove":
-        (cos, sin), conv = _rotating(pos, q_tables, rotary)
+    """Step 7: RoVE's ``R_(-p_i)`` on the attention output ``(B, H, Tq, D)`` by the query's V/O
+    ``tables`` (identity with None: nope, rope, and a = 0). ``merge_heads``: return
+    ``(B, Tq, H * D)``, the out-projection's input, written in the same pass."""
+    if tables is not None:
+        if rotary is None:
+            raise ValueError("un-rotating the output needs the rotary of its tables")
+        cos, sin = tables
         if merge_heads:
-            return kernels.unrotate_merge_heads(out, cos, sin, convention=conv)
-        return kernels.rotate(out, cos, sin, convention=conv, inverse=True)
+            return kernels.unrotate_merge_heads(out, cos, sin, convention=rotary.convention)
+        return kernels.rotate(out, cos, sin, convention=rotary.convention, inverse=True)
     return out.transpose(1, 2).flatten(2) if merge_heads else out
 
 
@@ -605,4 +629,4 @@ def attention(
     if scale is None:
         q, scale = logit_temperature(q, rotary, pos)
     out = attend(q, k, v, causal=causal, scale=scale, mask=mask)
-    return unrotate(out, q_tab, pos=pos, rotary=rotary)
+    return unrotate(out, q_tab if pos == "rove" else None, rotary=rotary)

@@ -19,7 +19,6 @@ from rove.functional import (
     attend,
     attention_inputs,
     check_pos,
-    fraction_tables,
     logit_temperature,
     rotary_for,
     rotate_qkv,
@@ -118,55 +117,59 @@ class RoveAttention(nn.Module):
             doc_ids: ``(B, T)`` document ids of packed sequences (not with a cache).
             cache: KV cache to read and extend at ``layer_idx`` (its ``length`` is advanced by
                 the caller); a dynamic-NTK rotary must be pinned (``Rotary.at_length``) to use one.
-            inputs: the positions, tables and mask built once for every layer of a model
-                (``rove.functional.attention_inputs`` with this layer's rotary, the cache's length
-                as offset, and the cache checked by ``check_cache_use``), instead of
-                ``positions`` and ``doc_ids``.
+            inputs: the positions, tables, mask and V/O tables built once for every layer of a
+                model (``rove.functional.attention_inputs`` with this layer's pos and rotary, the
+                cache's length as offset, and the cache checked by ``check_cache_use``), instead
+                of ``positions`` and ``doc_ids``; the layer's own ``rove_fraction`` is then unused.
         """
         if x.ndim != 3:
             raise ValueError(f"x must have shape (batch, seq, d_model), got {tuple(x.shape)}")
-        bsz, seq, _ = x.shape
         if inputs is None:
-            if cache is not None:
-                check_cache_use(self.rotary, doc_ids)
-            inputs = attention_inputs(
-                self.pos,
-                self.rotary,
-                positions,
-                doc_ids,
-                batch=bsz,
-                seq=seq,
-                dtype=x.dtype,
-                device=x.device,
-                offset=0 if cache is None else cache.length,
-                causal=self.causal,
-            )
+            inputs = self.build_inputs(x, positions, doc_ids, cache)
         elif positions is not None or doc_ids is not None:
             raise ValueError("give positions and doc_ids, or the inputs built from them, not both")
-        a = self.rove_fraction if self.pos == "rove" else 1.0
-        qk_pos: Pos = "rope" if a != 1 else self.pos  # 0 < a < 1: V and O rotate apart
-        q, k, v = rotate_qkv(
+        elif inputs.pos != self.pos:
+            raise ValueError(f"inputs built for pos {inputs.pos!r} given to a {self.pos!r} layer")
+        q, k, v = rotate_qkv(  # (B, H, T, D) each
             self.qkv(x),  # (B, T, (Hq + 2 Hkv) D)
-            inputs.tables,
-            pos=qk_pos,
+            inputs,
             rotary=self.rotary,
             n_head=self.n_head,
             n_kv_head=self.n_kv_head,
             shared_kv=self.shared_kv,
         )
-        vo_pos, vo_tables = self.pos, inputs.tables
-        if a == 0:  # exactly RoPE: no V/O rotation at all
-            vo_pos = "rope"
-        elif a != 1:
-            assert self.rotary is not None  # pos == "rove"
-            vo_tables = fraction_tables(self.rotary, x.dtype, inputs.positions, a)
-            v = rotate_values(v, vo_tables, self.rotary)
         q, scale = logit_temperature(q, self.rotary, self.pos)
+        v = rotate_values(v, inputs, self.rotary)  # R_(a p_j) where step 4 left it (0 < a < 1)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         out = attend(q, k, v, causal=self.causal, scale=scale, mask=inputs.mask)  # (B, Hq, T, D)
-        merged = unrotate(out, vo_tables, pos=vo_pos, rotary=self.rotary, merge_heads=True)
+        merged = unrotate(out, inputs.vo_tables, rotary=self.rotary, merge_heads=True)
         return self.proj(merged)  # merged: (B, T, Hq * D)
+
+    def build_inputs(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> AttentionInputs:
+        """The ``AttentionInputs`` of this layer alone over ``x`` ``(B, T, C)``, at its own
+        ``rove_fraction`` (a model builds them once for all its layers)."""
+        if cache is not None:
+            check_cache_use(self.rotary, doc_ids)
+        return attention_inputs(
+            self.pos,
+            self.rotary,
+            positions,
+            doc_ids,
+            batch=x.shape[0],
+            seq=x.shape[1],
+            dtype=x.dtype,
+            device=x.device,
+            offset=0 if cache is None else cache.length,
+            causal=self.causal,
+            fraction=self.rove_fraction,
+        )
 
 
 def check_cache_use(rotary: RotarySpec | None, doc_ids: torch.Tensor | None) -> None:

@@ -24,14 +24,17 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import os
+import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, Protocol, TypeVar
 
-from rove._extras import EXTRAS, install_hint
+from rove._extras import EXTRAS, check_command, install_command
 from rove.lock import FolderLockedError
 
 __all__ = [
@@ -41,13 +44,16 @@ __all__ = [
     "DeprecatedFlag",
     "Interrupted",
     "argument_type",
+    "clock",
     "command",
     "config_defaults",
     "config_from_args",
     "error_line",
+    "flag_names",
     "interactive",
     "key_value",
     "no_progress_bars",
+    "progress_bar",
     "raise_on_signals",
     "signature_defaults",
 ]
@@ -57,6 +63,7 @@ __all__ = [
 SIGNAL_KEPT = "the files it finished writing are kept, nothing half-written"
 Config = TypeVar("Config")
 Value = TypeVar("Value")
+Item = TypeVar("Item")
 
 # What a person can fix: wrong values and configs (ValueError, including corrupt checkpoints and
 # stale runs), files and folders (OSError: missing, a file where a folder belongs, disk full,
@@ -104,6 +111,62 @@ def interactive() -> bool:
     return sys.stderr.isatty()
 
 
+def clock(seconds: float) -> str:
+    """A duration as ``m:ss``, or ``h:mm:ss`` from an hour on."""
+    seconds = max(0, round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+# Off a terminal, a progress line at most this often (seconds), whichever loop is running: a log
+# of a long evaluation says where it is without a line per batch.
+PROGRESS_EVERY_S = 30.0
+_last_line = [time.monotonic()]  # when the last progress line (or the process's start) was
+_progress_log = logging.getLogger("rove.progress")
+
+
+def progress_bar(
+    items: Iterable[Item],
+    desc: str,
+    *,
+    enabled: bool = True,
+    total: int | None = None,
+    leave: bool = True,
+) -> Iterable[Item]:
+    """``items``, with their progress shown while a loop runs over them: a tqdm bar on a
+    terminal; off one (a log file, a pipe) a line ``desc: i/n (p%), elapsed, ETA`` logged at
+    most every ``PROGRESS_EVERY_S`` seconds over all loops, as training logs a line per
+    validation (a bar in a file is ``\r`` noise). Nothing with ``enabled`` False."""
+    if not enabled:
+        return items
+    if total is None and isinstance(items, Sized):
+        total = len(items)
+    if interactive():
+        from tqdm.auto import tqdm  # the toolkit's: its callers import it already
+
+        return tqdm(items, desc=desc, total=total, leave=leave)
+    return _logged(items, desc, total)
+
+
+def _logged(items: Iterable[Item], desc: str, total: int | None) -> Iterator[Item]:
+    start = time.monotonic()
+    for done, item in enumerate(items, 1):
+        yield item
+        now = time.monotonic()
+        if now - _last_line[0] < PROGRESS_EVERY_S:
+            continue
+        _last_line[0] = now
+        elapsed = now - start
+        if total:
+            eta = elapsed / done * (total - done)
+            _progress_log.info(
+                f"{desc}: {done}/{total} ({100 * done / total:.0f}%), elapsed "
+                f"{clock(elapsed)}, ETA {clock(eta)}"
+            )
+        else:
+            _progress_log.info(f"{desc}: {done} done, elapsed {clock(elapsed)}")
+
+
 def error_line(err: BaseException) -> str:
     """A user error as the one line a command prints: its message, the extra (and the command
     that installs it) for a missing optional package, and where the traceback is."""
@@ -111,12 +174,37 @@ def error_line(err: BaseException) -> str:
     missing = err.name if isinstance(err, ModuleNotFoundError) else None
     extra = EXTRAS.get((missing or "").split(".")[0])
     if extra:
-        message += f"; it comes with rove's '{extra}' extra, {install_hint(extra)}"
+        message += f"; it comes with rove's '{extra}' extra: {install_command(extra)}"
     return f"{message} (--debug for the traceback)"
 
 
-def command(prog: str) -> Callable[[Main], Main]:
-    """Decorate a subcommand's ``main(argv)`` so user errors exit 2 with one line naming them."""
+def flag_names(text: str, parser: argparse.ArgumentParser) -> str:
+    """``text`` with each config field that has a flag in ``parser`` named as a user types it:
+    ``run_name`` as ``--run-name``, ``out_dir`` as ``--out``, a positional by its metavar
+    (``init_from`` as ``MODEL``). Only names with an underscore: a plain word (``data``,
+    ``pos``) is also English."""
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        if "_" not in action.dest or action.help == argparse.SUPPRESS or action.dest in names:
+            continue
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs:
+            names[action.dest] = longs[0]
+        elif not action.option_strings and isinstance(action.metavar, str):
+            names[action.dest] = action.metavar
+    if not names:
+        return text
+    alternatives = "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
+    pattern = re.compile(rf"(?<![\w/.\-])({alternatives})(?![\w/])")
+    return pattern.sub(lambda m: names[m.group(1)], text)
+
+
+def command(
+    prog: str, parser: Callable[[], argparse.ArgumentParser] | None = None
+) -> Callable[[Main], Main]:
+    """Decorate a subcommand's ``main(argv)`` so user errors exit 2 with one line naming them;
+    with its ``parser`` (the function that builds it), the line names the flags a user types
+    instead of the config fields behind them (``flag_names``)."""
 
     def wrap(main: Main) -> Main:
         @functools.wraps(main)
@@ -124,6 +212,7 @@ def command(prog: str) -> Callable[[Main], Main]:
             args = list(sys.argv[1:] if argv is None else argv)
             debug = "--debug" in args or os.environ.get("ROVE_DEBUG") == "1"
             try:  # a signal before the command's own handling (start-up) also gets its line
+                check_command(prog, args)  # every extra it needs, before any work
                 with raise_on_signals(SIGNAL_KEPT):
                     return main([a for a in args if a != "--debug"])
             except Interrupted as err:
@@ -132,7 +221,10 @@ def command(prog: str) -> Callable[[Main], Main]:
             except USER_ERRORS as err:
                 if debug:
                     raise
-                print(f"{prog}: error: {error_line(err)}", file=sys.stderr)
+                line = error_line(err)
+                if parser is not None:
+                    line = flag_names(line, parser())
+                print(f"{prog}: error: {line}", file=sys.stderr)
                 return 2
 
         return run

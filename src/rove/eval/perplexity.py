@@ -57,9 +57,10 @@ from rove._extras import needs_extra
 from rove.eval.protocol import LanguageModel
 from rove.eval.scoring import model_device, rope_scaled, scaling_factor
 from rove.stats import bootstrap_mean_ci
+from rove.terminal import progress_bar
 
 with needs_extra("toolkit", __name__):
-    from tqdm.auto import tqdm
+    import tqdm.auto  # noqa: F401  (progress_bar draws its bars on a terminal)
 
 __all__ = [
     "MIN_WINDOWS",
@@ -146,7 +147,7 @@ def _evaluate_length(
     pos_sum = np.zeros(length, dtype=np.float64)  # summed loss per position over windows
     window_loss: list[float] = []  # mean loss of each window, in stream order
     chunks = [starts[i : i + batch_size] for i in range(0, len(starts), batch_size)]
-    for chunk in tqdm(chunks, desc=f"ppl@{length}", disable=not progress, leave=False):
+    for chunk in progress_bar(chunks, f"ppl@{length}", enabled=progress, leave=False):
         win = np.stack([tokens[s : s + length + 1] for s in chunk]).astype(np.int64)
         win_t = torch.from_numpy(win).to(device)  # (B, L + 1)
         with torch.inference_mode():
@@ -206,7 +207,7 @@ def perplexity_vs_length(
         n_position_buckets: number of equal-width position buckets for the loss-vs-position curve.
         eot_token: the token that opens each document of ``tokens``: intervals then resample
             documents (None: windows).
-        progress: show tqdm progress bars.
+        progress: show progress (``rove.terminal.progress_bar``: a bar on a terminal, else lines).
 
     Returns:
         ``{"block_size", "n_stream_tokens", "results": {kind: {length: record}}}`` where

@@ -56,9 +56,10 @@ from rove.eval.scoring import (
     score_continuations,
     substring_match,
 )
+from rove.terminal import progress_bar
 
 with needs_extra("toolkit", __name__):
-    from tqdm.auto import tqdm
+    import tqdm.auto  # noqa: F401  (progress_bar draws its bars on a terminal)
 
 __all__ = [
     "RULER_GROUPS",
@@ -498,7 +499,7 @@ def evaluate_ruler(
     tokens = _Hay(haystack, tokenizer).tokens  # tokenize a list of texts once
     results: dict[str, dict[int, dict[str, Any]]] = {}
     cells = [(t, n) for t in tasks for n in lengths]
-    for task, length in tqdm(cells, desc="ruler", disable=not progress):
+    for task, length in progress_bar(cells, "ruler", enabled=progress):
         record: dict[str, Any] = {"factor": scaling_factor(length, block) if scaling else 1.0}
         try:
             path = (qa_paths or {}).get(task)

@@ -35,9 +35,10 @@ import torch
 
 from rove._extras import needs_extra
 from rove.eval.protocol import LanguageModel, TextCodec
+from rove.terminal import progress_bar
 
 with needs_extra("toolkit", __name__):
-    from tqdm.auto import tqdm
+    import tqdm.auto  # noqa: F401  (progress_bar draws its bars on a terminal)
 
 __all__ = [
     "ChoiceItem",
@@ -184,7 +185,7 @@ def score_continuations(
     out: list[ContinuationScore | None] = [None] * len(seqs)
     device = model_device(model)
     starts = range(0, len(order), batch_size)
-    for start in tqdm(starts, desc="scoring", disable=not progress, leave=False):
+    for start in progress_bar(starts, "scoring", enabled=progress, leave=False):
         batch = order[start : start + batch_size]
         width = len(seqs[batch[0]]) - 1
         idx = torch.zeros(len(batch), width, dtype=torch.long)
@@ -307,9 +308,7 @@ def greedy_generate(
     ]
     out: list[list[int]] = [[] for _ in prompts]
     device = model_device(model)
-    for (length, budget), ids in tqdm(
-        batches, desc="generating", disable=not progress, leave=False
-    ):
+    for (length, budget), ids in progress_bar(batches, "generating", enabled=progress, leave=False):
         idx = torch.tensor([prompts[i] for i in ids], dtype=torch.long, device=device)
         with torch.inference_mode():
             gen = model.generate(idx, budget, temperature=0.0)  # (B, T + budget)

@@ -64,7 +64,6 @@ from rove.terminal import (
     command,
     config_defaults,
     config_from_args,
-    interactive,
 )
 
 __all__ = [
@@ -198,10 +197,9 @@ def evaluate_model(
     Default lengths are multiples of ``train_len``, the context the model was trained at (a
     run's ``seq_len``); None, a model without a run, takes its ``block_size``. Where the two
     differ the record says both (``model_context``), as a report must not read a length's
-    multiple of one as the other. Progress bars appear only on a terminal: in a log file tqdm
-    is ``\r`` noise.
+    multiple of one as the other. ``progress``: bars on a terminal; in a log file (where a bar
+    is ``\r`` noise) a line at most every half minute (``rove.terminal.progress_bar``).
     """
-    progress = progress and interactive()
     block_size = model.config.block_size
     train_len = block_size if train_len is None else train_len
     if not 0 < train_len <= block_size:
@@ -218,7 +216,7 @@ def evaluate_model(
     if cfg.ruler:
         record |= _ruler_record(model, tokenizer, tokens, cfg, train_len, progress=progress)
     if cfg.icl:
-        record["icl"] = _icl_record(model, tokenizer, cfg, train_len)
+        record["icl"] = _icl_record(model, tokenizer, cfg, train_len, progress=progress)
     record["not_run"] = _evaluations_not_run(cfg)
     if cfg.core_bundle:
         record["core"] = _core_record(model, tokenizer, cfg.core_bundle, cfg, progress=progress)
@@ -348,7 +346,7 @@ def _ruler_cell(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _icl_record(
-    model: LanguageModel, tokenizer: Any, cfg: EvalConfig, train_len: int
+    model: LanguageModel, tokenizer: Any, cfg: EvalConfig, train_len: int, *, progress: bool
 ) -> dict[str, Any]:
     """The few-shot suite's mean centered accuracy and per-task scores; a task too long for
     ``cfg.icl_max_tokens`` (default ``train_len``: few-shot ability within the trained context)
@@ -360,7 +358,7 @@ def _icl_record(
         n_items=cfg.icl_items,
         max_tokens=train_len if cfg.icl_max_tokens is None else cfg.icl_max_tokens,
         seed=cfg.seed,
-        progress=False,
+        progress=progress,
     )
     skipped = {t: f"{why} (raise --icl-max-tokens)" for t, why in out["skipped"].items()}
     record = {"mean_centered": out["score"], "tasks": out["tasks"], "skipped": skipped}
@@ -574,7 +572,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-@command("rove eval")
+@command("rove eval", _parser)
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     qa_paths = {k: v for k, v in (("qa_squad", args.squad), ("qa_hotpot", args.hotpotqa)) if v}

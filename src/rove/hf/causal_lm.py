@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rove.atomic import save_folder
@@ -40,6 +39,7 @@ from rove.hf.conversion import (
 from rove.hf.lora import LoraSpec, add_lora, merged
 from rove.hf.model_card import write_converted_card
 from rove.hf.transfer import transfer
+from rove.loss import chunked_token_nll, mean_cross_entropy
 from rove.rotary import (
     SCALING_KINDS,
     DynamicNTKParams,
@@ -388,9 +388,7 @@ class HFCausalLM(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``(B, T, V)``, or with ``targets`` ``(B, T)`` the mean cross-entropy (-1 ignored)."""
         logits = self.hf(input_ids=_checked(idx), use_cache=False).logits
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        return logits if targets is None else mean_cross_entropy(logits, targets)
 
     def token_nll(
         self, idx: torch.Tensor, targets: torch.Tensor, *, chunk_size: int = 1024
@@ -405,16 +403,13 @@ class HFCausalLM(nn.Module):
         # then the causal LM itself, its decoder is .model
         base = hf.model if hf.base_model is hf else hf.base_model
         h = base(input_ids=_checked(idx), use_cache=False).last_hidden_state
-        head = hf.get_output_embeddings()
-        scale = getattr(self.hf.config, "logits_scaling", 1.0)  # Granite divides its logits
-        out = torch.empty(targets.shape, dtype=torch.float32, device=h.device)
-        for s in range(0, h.shape[1], chunk_size):
-            logits = head(h[:, s : s + chunk_size]).float() / scale
-            out[:, s : s + chunk_size] = F.cross_entropy(
-                logits.transpose(1, 2), targets[:, s : s + chunk_size], ignore_index=-1,
-                reduction="none",
-            )  # fmt: skip
-        return out
+        return chunked_token_nll(
+            h,
+            hf.get_output_embeddings(),
+            targets,
+            chunk_size=chunk_size,
+            logit_divisor=getattr(self.hf.config, "logits_scaling", 1.0),  # Granite divides
+        )
 
     @torch.inference_mode()
     def generate(

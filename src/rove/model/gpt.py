@@ -5,8 +5,9 @@ partial rotary); everything else is GPT-2 (pre-LayerNorm blocks, GELU MLP, tied 
 RoPE vs RoVE comparison changes exactly one thing.
 
 Notable features:
-- positions, cos/sin tables (float64 angles) and the packing mask are built once per forward
-  (``rove.functional.AttentionInputs``) and shared by all layers.
+- positions, cos/sin tables (float64 angles), the packing mask and the smooth conversion's V/O
+  tables are built once per forward (``rove.functional.AttentionInputs``) and shared by all
+  layers.
 - ``token_nll`` computes the LM head in chunks, so long-context evaluation of a 50k vocabulary
   never materialises ``(B, T, V)`` logits.
 - ``generate`` decodes with a ``KVCache`` of rotated keys and rotated values, and equals
@@ -39,6 +40,7 @@ from rove.functional import (
 )
 from rove.kv_cache import KVCache
 from rove.layer import RoveAttention, check_cache_use
+from rove.loss import chunked_token_nll, mean_cross_entropy
 from rove.model.config import GPTConfig
 from rove.rotary import SCALING_KINDS, Rotary, Scaling, Temperature, scaling_on_top
 from rove.sampling import check_sampling, next_tokens
@@ -120,6 +122,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.wte.weight
+        # the smooth conversion's a (``set_rove_fraction``): part of every forward's inputs
+        self._rove_fraction = 1.0
         self.apply(self._init_weights)
         # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
         for name, p in self.named_parameters():
@@ -136,7 +140,7 @@ class GPT(nn.Module):
     def rove_fraction(self) -> float:
         """The smooth conversion's a: RoVE's V/O rotations at a fraction of their angles
         (1: plain RoVE; see ``set_rove_fraction``)."""
-        return next(self.iter_blocks()).attn.rove_fraction
+        return self._rove_fraction
 
     def set_rove_fraction(self, fraction: float) -> None:
         """Rotate V and O by ``R(a p)`` with a = ``fraction``: at 0 the RoPE model exactly (no
@@ -147,9 +151,7 @@ class GPT(nn.Module):
             raise ValueError(
                 f"set_rove_fraction needs a pos='rove' model, this one is {self.config.pos!r}"
             )
-        fraction = check_fraction(fraction)
-        for block in self.iter_blocks():
-            block.attn.rove_fraction = fraction
+        self._rove_fraction = check_fraction(fraction)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -202,6 +204,7 @@ class GPT(nn.Module):
             dtype=self.wte.weight.dtype,
             device=idx.device,
             offset=0 if cache is None else cache.length,
+            fraction=self._rove_fraction,
         )
         x = self.wte(idx)
         if self.wpe is not None:
@@ -229,11 +232,8 @@ class GPT(nn.Module):
         doc_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``(B, T, V)``, or with ``targets`` ``(B, T)`` the mean cross-entropy (-1 ignored)."""
-        h = self.hidden(idx, positions=positions, doc_ids=doc_ids)
-        logits = self.lm_head(h)
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        logits = self.lm_head(self.hidden(idx, positions=positions, doc_ids=doc_ids))
+        return logits if targets is None else mean_cross_entropy(logits, targets)
 
     def token_nll(
         self, idx: torch.Tensor, targets: torch.Tensor, *, chunk_size: int = 1024
@@ -242,15 +242,7 @@ class GPT(nn.Module):
 
         The LM head runs on ``chunk_size`` positions at a time to bound memory at long lengths.
         """
-        h = self.hidden(idx)
-        out = torch.empty(targets.shape, dtype=torch.float32, device=h.device)
-        for s in range(0, h.shape[1], chunk_size):
-            logits = self.lm_head(h[:, s : s + chunk_size]).float()
-            tgt = targets[:, s : s + chunk_size]
-            out[:, s : s + chunk_size] = F.cross_entropy(
-                logits.transpose(1, 2), tgt, ignore_index=-1, reduction="none"
-            )
-        return out
+        return chunked_token_nll(self.hidden(idx), self.lm_head, targets, chunk_size=chunk_size)
 
     @contextlib.contextmanager
     def rope_scaling(

@@ -285,7 +285,7 @@ def recipe(cfg: ResolvedTrainConfig, grad_accum: int) -> dict:
     return {"train": cfg.to_dict(), "grad_accum": grad_accum}
 
 
-@command("rove train")
+@command("rove train", build_parser)
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rove train``; returns the exit status."""
     parser = build_parser()

@@ -22,6 +22,7 @@ import torch
 
 from rove import run_files
 from rove.atomic import write_json_atomic, write_text_atomic
+from rove.terminal import clock
 
 __all__ = [
     "PEAK_BF16_FLOPS",
@@ -69,12 +70,6 @@ def mfu(flops_per_token: float, tokens_per_s_per_device: float, peak: float | No
     return flops_per_token * tokens_per_s_per_device / peak
 
 
-def _clock(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
-
-
 def eval_line(
     step: int,
     max_steps: int,
@@ -97,8 +92,8 @@ def eval_line(
     return (
         f"step {step:>{width}}/{max_steps} ({100 * step / max(max_steps, 1):3.0f}%)  "
         f"train loss {num(loss, '.4f')}  val loss {num(val_loss, '.4f')}  "
-        f"tok/s {num(tok_per_s, ',.0f')}  elapsed {_clock(elapsed_s)}  "
-        f"ETA {'n/a' if eta_s is None else _clock(eta_s)}"
+        f"tok/s {num(tok_per_s, ',.0f')}  elapsed {clock(elapsed_s)}  "
+        f"ETA {'n/a' if eta_s is None else clock(eta_s)}"
     )
 
 

@@ -19,11 +19,13 @@ seconds.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -119,7 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="torch CPU threads; 1 is robust for this tiny model on a shared machine, 0 = torch default",
     )
-    run.add_argument("--out", default="runs/vision", help="output folder")
+    run.add_argument(
+        "--out",
+        help=f"output folder; default {VISION_OUT}, with --quick {QUICK_VISION_OUT}. A folder "
+        "holding another comparison or another command's files is refused: outputs are never "
+        "replaced silently (the same comparison again replaces its own)",
+    )
+    run.add_argument(
+        "--force", action="store_true", help="replace what --out holds (the files it writes)"
+    )
     # defaults from the dataclasses the flags fill, written once there
     model_fields = ("patch_size", "n_layer", "n_embd", "n_head", "pool")
     parser.set_defaults(
@@ -130,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@command("rove vision")
+@command("rove vision", build_parser)
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     threads = torch.get_num_threads()
@@ -140,6 +150,37 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     finally:
         torch.set_num_threads(threads)  # main() may be called in-process (tests, notebooks)
+
+
+VISION_OUT, QUICK_VISION_OUT = "runs/vision", "runs/vision-quick"
+
+
+def _check_out(out: Path, what: dict, force: bool) -> None:
+    """Before any work: refuse an output folder that holds another comparison (its
+    results.json's settings differ) or another command's files, unless ``force``."""
+    if force or not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file; choose a folder")
+    results = out / "results.json"
+    if results.is_file():
+        try:
+            stored = json.loads(results.read_text(encoding="utf-8")).get("settings", {})
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            stored = None
+        if isinstance(stored, dict) and {k: stored.get(k) for k in what} == json.loads(
+            json.dumps(what)
+        ):
+            return  # the same comparison again: its own files, replaced
+        held = "another comparison's results (other settings)"
+    elif any(p.is_file() for p in out.iterdir()):
+        held = "files of another command"
+    else:
+        return
+    raise FileExistsError(
+        f"--out {out} holds {held}; rove vision never replaces them silently: choose another "
+        "--out, or add --force to replace them"
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -160,6 +201,16 @@ def _run(args: argparse.Namespace) -> int:
     train = TrainSettings(epochs=epochs if args.epochs is None else args.epochs, lr=args.lr)
     seeds = tuple(args.seeds or (QUICK_SEEDS if args.quick else SEEDS))
     check_comparison(base, args.pos, args.layouts, seeds, test_sizes)  # before any loading
+    out = Path(args.out or (QUICK_VISION_OUT if args.quick else VISION_OUT))
+    what = {
+        "model": {k: v for k, v in asdict(base).items() if k not in ("pos", "layout")},
+        "pos": list(args.pos),
+        "layouts": list(args.layouts),
+        "train": asdict(train),
+        "seeds": list(seeds),
+        "test_sizes": list(test_sizes),
+    }
+    _check_out(out, what, args.force)
     data = dataset.load(args)
     shape = (data.train_x.shape[1], int(data.train_y.max()) + 1)
     if shape != (dataset.channels, dataset.classes):
@@ -173,17 +224,11 @@ def _run(args: argparse.Namespace) -> int:
     )
     settings = {
         "dataset": data.name,
-        # pos and layout vary per variant: the ones compared are listed instead
-        "model": {k: v for k, v in asdict(base).items() if k not in ("pos", "layout")},
-        "pos": list(args.pos),
-        "layouts": list(args.layouts),
-        "train": asdict(train),
-        "seeds": list(seeds),
-        "test_sizes": list(test_sizes),
+        **what,  # pos and layout vary per variant: the ones compared are listed instead
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"{torch.get_num_threads()} torch thread(s)",
         "wall_seconds": round(time.perf_counter() - start, 1),
     }
-    report = write_report(records, args.out, settings, test_sizes)
+    report = write_report(records, out, settings, test_sizes)
     print(f"wrote {report} ({settings['wall_seconds']} s)")
     return 0
