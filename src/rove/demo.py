@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="rove demo",
         description="Train tiny RoPE and RoVE models on the embedded corpus (no download), "
-        f"evaluate them and write {DEMO_OUT}/report.md. About 12 minutes on a 2-core laptop "
+        f"evaluate them and write {DEMO_OUT}/report.md. About 7-15 minutes on a 2-core laptop "
         "CPU; a short probe announces the time on this machine first.",
         formatter_class=DefaultsFormatter,
     )
