@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from rove.kernels.triton_kernels import (
+    INTERPRETED,
     _check_tensors,
     _has_data,
     _launchable,
@@ -136,17 +137,24 @@ def _store_values(ptr, rows, mask, a, c, p, cos_ptr, sin_ptr, b, t, s_cb, s_ct, 
 
 
 @triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    """``a @ b`` in float32; float32 inputs exactly (no TF32), as SDPA computes them."""
+def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """``a @ b`` in float32; float32 inputs exactly (no TF32), as SDPA computes them.
+    ``UPCAST``: bf16 operands as float32 (exact products, as on the GPU), for the interpreter,
+    whose bf16 dot is wrong."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
     if IEEE:
         return tl.dot(a, b, input_precision="ieee")
     return tl.dot(a, b)
 
 
 @triton.jit
-def _visible(m_idx, n_idx, q_len, k_len, CAUSAL: tl.constexpr):
-    """``(len(m_idx), len(n_idx))``: query row may see key column (bounds and causality)."""
-    ok = (m_idx[:, None] < q_len) & (n_idx[None, :] < k_len)
+def _visible(m_idx, n_idx, q_len, k_len, CAUSAL: tl.constexpr, ROWS: tl.constexpr):
+    """``(len(m_idx), len(n_idx))``: query row may see key column (key bound, causality, and
+    with ``ROWS`` the query bound: the forward leaves padded rows unmasked, never all -inf)."""
+    ok = n_idx[None, :] < k_len
+    if ROWS:
+        ok = ok & (m_idx[:, None] < q_len)
     if CAUSAL:
         ok = ok & (n_idx[None, :] <= m_idx[:, None] + (k_len - q_len))
     return ok
@@ -164,7 +172,7 @@ def _forward_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, INTERLEAVED: tl.constexpr,
     ROTATE_V: tl.constexpr, ROTATE_O: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """O = R_(-i) softmax(scale q k^T) (R_j V); grid ``(Tq / BLOCK_M, B * Hq)``."""
     pid_m = tl.program_id(0)
@@ -196,9 +204,9 @@ def _forward_kernel(
         n_mask = n_idx < k_len
         k = tl.load(k_base + n_idx[:, None] * s_kt + d[None, :],
                     mask=n_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
-        s = _dot(q, tl.trans(k), IEEE) * qk_scale
+        s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
         if block >= n_full:
-            s = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL), s, float("-inf"))
+            s = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL, False), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
@@ -208,10 +216,10 @@ def _forward_kernel(
             ROTATE_V, False, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
         )  # fmt: skip
         p = p.to(va.dtype)
-        acc_a = acc_a * alpha[:, None] + _dot(p, va, IEEE)
-        acc_c = acc_c * alpha[:, None] + _dot(p, vc, IEEE)
+        acc_a = acc_a * alpha[:, None] + _dot(p, va, IEEE, UPCAST)
+        acc_c = acc_c * alpha[:, None] + _dot(p, vc, IEEE, UPCAST)
         if BLOCK_PASS > 0:
-            acc_p = acc_p * alpha[:, None] + _dot(p, vp, IEEE)
+            acc_p = acc_p * alpha[:, None] + _dot(p, vp, IEEE, UPCAST)
         m_i = m_new
     inv_l = 1.0 / l_i
     rows = b * s_ob + h * s_oh + m_idx.to(tl.int64) * s_ot
@@ -237,7 +245,7 @@ def _backward_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, INTERLEAVED: tl.constexpr,
     ROTATE_V: tl.constexpr, ROTATE_O: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """dK, dV of one key block of one kv head, summed over its query heads; grid
     ``(Tk / BLOCK_N, B * Hkv)``. Works in the rotated frame: ``dO`` rotated by ``R_i`` on
@@ -280,18 +288,18 @@ def _backward_dkdv_kernel(
             )  # fmt: skip
             lse = tl.load(lse_ptr + stat_base + m_idx, mask=m_mask, other=0.0)
             delta = tl.load(delta_ptr + stat_base + m_idx, mask=m_mask, other=0.0)
-            s = _dot(q, tl.trans(k), IEEE) * qk_scale  # (M, N)
+            s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale  # (M, N)
             p = tl.math.exp2(s - lse[:, None])
-            p = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL), p, 0.0)
+            p = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL, True), p, 0.0)
             pt = tl.trans(p.to(va.dtype))
-            dva += _dot(pt, doa, IEEE)
-            dvc += _dot(pt, doc, IEEE)
-            dp = _dot(doa, tl.trans(va), IEEE) + _dot(doc, tl.trans(vc), IEEE)
+            dva += _dot(pt, doa, IEEE, UPCAST)
+            dvc += _dot(pt, doc, IEEE, UPCAST)
+            dp = _dot(doa, tl.trans(va), IEEE, UPCAST) + _dot(doc, tl.trans(vc), IEEE, UPCAST)
             if BLOCK_PASS > 0:
-                dvp += _dot(pt, dop, IEEE)
-                dp += _dot(dop, tl.trans(vp), IEEE)
+                dvp += _dot(pt, dop, IEEE, UPCAST)
+                dp += _dot(dop, tl.trans(vp), IEEE, UPCAST)
             ds = p * (dp - delta[:, None])
-            dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE)
+            dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE, UPCAST)
     dk_rows = b * s_kgb + g * s_kgh + n_idx.to(tl.int64) * s_kgt
     tl.store(dk_ptr + dk_rows[:, None] + d[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
              mask=n_mask[:, None] & d_mask)  # fmt: skip
@@ -313,7 +321,7 @@ def _backward_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, INTERLEAVED: tl.constexpr,
     ROTATE_V: tl.constexpr, ROTATE_O: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """dQ of one query block of one head; grid ``(Tq / BLOCK_M, B * Hq)``."""
     pid_m = tl.program_id(0)
@@ -349,14 +357,14 @@ def _backward_dq_kernel(
             v_base, n_idx * s_vt, n_mask, vc_ptr, vs_ptr, b, n_idx, s_vcb, s_vct, s_vsb, s_vst,
             ROTATE_V, False, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
         )  # fmt: skip
-        s = _dot(q, tl.trans(k), IEEE) * qk_scale
+        s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
         p = tl.math.exp2(s - lse[:, None])
-        p = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL), p, 0.0)
-        dp = _dot(doa, tl.trans(va), IEEE) + _dot(doc, tl.trans(vc), IEEE)
+        p = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL, True), p, 0.0)
+        dp = _dot(doa, tl.trans(va), IEEE, UPCAST) + _dot(doc, tl.trans(vc), IEEE, UPCAST)
         if BLOCK_PASS > 0:
-            dp += _dot(dop, tl.trans(vp), IEEE)
+            dp += _dot(dop, tl.trans(vp), IEEE, UPCAST)
         ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(k.dtype), k, IEEE)
+        dq += _dot(ds.to(k.dtype), k, IEEE, UPCAST)
     rows = b * s_qgb + h * s_qgh + m_idx.to(tl.int64) * s_qgt
     tl.store(dq_ptr + rows[:, None] + d[None, :], (dq * scale).to(dq_ptr.dtype.element_ty),
              mask=m_mask[:, None] & d_mask)  # fmt: skip
@@ -446,12 +454,13 @@ def _layout(
         "ROTATE_O": o_tables is not None,
         "CAUSAL": causal,
         "IEEE": q.dtype == torch.float32,
+        "UPCAST": INTERPRETED and q.dtype == torch.bfloat16,
     }
     return meta, v_args, o_args
 
 
 def _check_out(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-    if tuple(t.shape) != shape or t.dtype != dtype or t.stride(-1) != 1:
+    if tuple(t.shape) != shape or t.dtype != dtype or (t.stride(-1) != 1 and shape[-1] > 1):
         raise ValueError(
             f"{name} must be {dtype} {shape} with a contiguous last dim, got {t.dtype} "
             f"{tuple(t.shape)} strides {t.stride()}"
