@@ -30,7 +30,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from rove.functional import attention
-from rove.kernels import fused_attention_fits, rotate, use_attention_kernel
+from rove.kernels import fused_attention_fits, use_attention_kernel
 from rove.kernels.torch_rotary import rotate_torch
 from rove.kernels.triton_attention_ops import fused_attention_triton
 from rove.kernels.triton_kernels import INTERPRETED
@@ -131,7 +131,7 @@ def assert_matches_oracle(c: Case) -> None:
     oracle = run_path(c, q, k, v, torch.float64, fused=False)
     fused = run_path(c, q, k, v, c.dtype, fused=True)
     torch_path = run_path(c, q, k, v, c.dtype, fused=False) if c.dtype != torch.float32 else None
-    for name, got, want, i in zip("o dq dk dv".split(), fused, oracle, range(4), strict=True):
+    for name, got, want, i in zip(["o", "dq", "dk", "dv"], fused, oracle, range(4), strict=True):
         assert got.shape == want.shape, (name, got.shape, want.shape)
         err = (got.double().cpu() - want.cpu()).abs().max().item()
         size = want.abs().max().item()
@@ -281,9 +281,8 @@ def test_dispatch_falls_back_where_the_kernel_does_not_fit(monkeypatch):
         assert fits(32) and fits(96) and not fits(64, mask=torch.ones(1, 1, 8, 8, dtype=torch.bool))
     with use_attention_kernel("sdpa"):
         assert not fits(64)
-    with pytest.raises(ValueError, match="unknown attention kernel"):
-        with use_attention_kernel("flash"):
-            pass
+    with pytest.raises(ValueError, match="unknown attention kernel"), use_attention_kernel("flash"):
+        pass
 
 
 def test_packed_documents_fall_back_to_sdpa(monkeypatch):
