@@ -5,23 +5,36 @@ once per round in a rotating order, fresh gradients each call, a fixed thread co
 with interquartile ranges and ratios to RoPE paired per round; absolute times are for
 orientation only. Every run is appended to RESULTS.md (``--no-record`` to skip).
 
+``fused_attention_rows`` (``--fused``) times the attention op alone, the way the GPU suite's
+goal reads it: the fused RoVE kernel (values rotated in the kernel, output rotated back in it)
+and today's RoVE path (rotate V, SDPA, un-rotate) against RoPE's SDPA (flash backend on CUDA) on
+the same RoPE-rotated q and k, forward and forward + backward, with the kernel's FLOP/s beside.
+
 Run:
     python benchmarks/bench_attention.py                      # CPU, T=1024, 8 heads of 64, fp32
     python benchmarks/bench_attention.py --device cuda --dtype bf16 --seq 1024 4096 16384
+    python benchmarks/bench_attention.py --fused --device cuda --dtype bf16 \
+        --seq 1024 2048 4096 8192 16384 --heads 12 --head-dim 64
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 import harness
 from rove import RoveAttention
 from rove.functional import POS_CHOICES
+from rove.kernels import rotate, unrotate_merge_heads
+from rove.rotary import Rotary
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+H200_BF16_PEAK = 989e12  # dense bf16/fp16 tensor-core FLOP/s (H100/H200 SXM datasheet)
+FUSED_TOKENS = 32768  # B * T of the fused rows: GPT-2 124M's B = 32 at T = 1024
 
 
 def make_step(pos: str, args: argparse.Namespace, seq: int, compiled: bool) -> Callable[[], None]:
@@ -60,6 +73,125 @@ def bench(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def _attention_flops(bsz: int, heads: int, seq: int, head_dim: int, causal: bool) -> float:
+    """Matmul FLOPs of one attention forward: ``4 B H T^2 D``, halved when causal."""
+    return 4.0 * bsz * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+
+
+def fused_attention_rows(
+    seqs: Sequence[int] = (1024, 2048, 4096, 8192, 16384),
+    *,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    heads: int = 12,
+    head_dim: int = 64,
+    tokens: int = FUSED_TOKENS,
+    causal: bool = True,
+    warmup: int = 3,
+    rounds: int = 10,
+    budget_s: float | None = None,
+) -> list[dict]:
+    """The fused RoVE attention kernel against RoPE's SDPA, one row per length and pass.
+
+    Per length ``T`` the batch is ``max(1, tokens // T)``; q, k, v are ``(B, H, T, D)`` views
+    of ``(B, T, H, D)`` tensors (the layout the split kernel writes), q and k RoPE-rotated once
+    outside the timing (both encodings pay that alike). Variants, interleaved per round:
+    ``rope``: SDPA (flash backend on CUDA); ``fused``: the Triton kernel, values rotated by
+    ``R_j`` and the output by ``R_(-i)`` inside it; ``unfused``: today's fallback (rotate V,
+    SDPA, un-rotate and merge heads). Calls are eager (each through its op's Python dispatch;
+    the launches are asynchronous, so dispatch is hidden where the GPU is the bottleneck).
+
+    Each row: ``seq``, ``batch``, ``pass`` (``fwd`` or ``fwd+bwd``), ``mode`` ("eager"),
+    medians ``rope_ms``, ``fused_ms``, ``unfused_ms``, the paired ratios ``fused_over_rope``
+    and ``unfused_over_rope`` with ``*_q1_q3``, and the fused kernel's ``fused_tflops`` and
+    ``fused_peak_fraction`` (against ``H200_BF16_PEAK``; the backward counted as 2.5
+    forwards) beside RoPE SDPA's ``rope_tflops``. The goal reads ``fused_over_rope`` of the
+    ``fwd+bwd`` rows at T >= 1024 (<= 1.02).
+    """
+    from rove.kernels.triton_attention_ops import fused_attention_triton
+
+    rows = []
+    flash: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if torch.device(device).type == "cuda" and dtype != torch.float32:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        flash = sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+    rotary = Rotary(head_dim)
+    for seq in seqs:
+        bsz = max(1, tokens // seq)
+        cos, sin = rotary.tables(torch.arange(seq, device=device))
+        gen = torch.Generator(device=device).manual_seed(0)
+
+        def heads_like(n: int, *, bsz: int = bsz, seq: int = seq, gen=gen) -> torch.Tensor:
+            x = torch.randn(bsz, seq, n, head_dim, device=device, dtype=dtype, generator=gen)
+            return x.transpose(1, 2)  # (B, H, T, D) view of (B, T, H, D)
+
+        q = rotate(heads_like(heads), cos, sin).detach()
+        k = rotate(heads_like(heads), cos, sin).detach()
+        v = heads_like(heads)
+        grad = torch.randn(bsz, seq, heads * head_dim, device=device, dtype=dtype, generator=gen)
+
+        def rope(q=q, k=k, v=v) -> torch.Tensor:
+            with flash:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return o.transpose(1, 2).flatten(2)  # (B, T, H * D): a view for flash's layout
+
+        def fused(q=q, k=k, v=v, cos=cos, sin=sin) -> torch.Tensor:
+            return fused_attention_triton(
+                q, k, v, scale=head_dim**-0.5, causal=causal, v_tables=(cos, sin),
+                o_tables=(cos, sin),
+            )  # fmt: skip
+
+        def unfused(q=q, k=k, v=v, cos=cos, sin=sin) -> torch.Tensor:
+            with flash:
+                o = F.scaled_dot_product_attention(q, k, rotate(v, cos, sin), is_causal=causal)
+            return unrotate_merge_heads(o, cos, sin)
+
+        fns = {"rope": rope, "fused": fused, "unfused": unfused}
+        flops = _attention_flops(bsz, heads, seq, head_dim, causal)
+        for p in ("fwd", "fwd+bwd"):
+            if p == "fwd":
+                variants = {n: (lambda f=f: torch.no_grad()(f)()) for n, f in fns.items()}
+            else:
+                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+                def step(f: Callable[..., torch.Tensor], leaves=leaves, grad=grad) -> None:
+                    torch.autograd.grad(f(*leaves), leaves, grad)
+
+                variants = {n: (lambda f=f: step(f)) for n, f in fns.items()}
+            t = harness.time_interleaved(
+                variants, device=device, warmup=warmup, rounds=rounds, budget_s=budget_s
+            )
+            work = flops * (1.0 if p == "fwd" else 3.5)
+            row: dict = dict(seq=seq, batch=bsz, heads=heads, head_dim=head_dim, causal=causal)
+            row.update({"pass": p, "mode": "eager", "dtype": str(dtype).removeprefix("torch.")})
+            row.update({f"{n}_ms": t[n].median * 1e3 for n in fns})
+            for n in ("fused", "unfused"):
+                ratio = harness.paired_ratio(t[n], t["rope"])
+                row[f"{n}_over_rope"], row[f"{n}_over_rope_q1_q3"] = ratio[0], list(ratio[1:])
+            row["fused_tflops"] = work / t["fused"].median / 1e12
+            row["rope_tflops"] = work / t["rope"].median / 1e12
+            row["fused_peak_fraction"] = work / t["fused"].median / H200_BF16_PEAK
+            rows.append(row)
+    return rows
+
+
+def fused_table(rows: list[dict]) -> str:
+    lines = [
+        "| T | B | pass | rope SDPA ms | fused ms | unfused ms | fused / rope | unfused / rope "
+        "| fused TFLOP/s (of peak) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['seq']} | {r['batch']} | {r['pass']} | {r['rope_ms']:.3f} | "
+            f"{r['fused_ms']:.3f} | {r['unfused_ms']:.3f} | {r['fused_over_rope']:.3f} | "
+            f"{r['unfused_over_rope']:.3f} | {r['fused_tflops']:.0f} "
+            f"({r['fused_peak_fraction']:.0%}) |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -77,9 +209,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
     p.add_argument("--repeats", type=int, default=20, help="interleaved timed rounds")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (fixed for the run)")
+    p.add_argument(
+        "--fused",
+        action="store_true",
+        help="time the fused RoVE attention kernel against RoPE SDPA (the op alone, B*T = "
+        f"{FUSED_TOKENS}); on CPU only under TRITON_INTERPRET=1, at toy sizes",
+    )
     harness.add_record_arguments(p)
     args = p.parse_args(argv)
     harness.set_threads(args.threads)
+    if args.fused:
+        rows = fused_attention_rows(
+            args.seq, device=args.device, dtype=DTYPES[args.dtype], heads=args.heads,
+            head_dim=args.head_dim, warmup=args.warmup, rounds=args.repeats,
+            tokens=max(FUSED_TOKENS if args.device == "cuda" else 1, args.batch),
+        )  # fmt: skip
+        text = fused_table(rows)
+        print(f"# fused RoVE attention vs RoPE SDPA on {harness.machine(args.device)}\n\n{text}")
+        harness.append_results("bench_attention --fused", text, args.device, args.results)
+        return
     args.compile = [bool(c) for c in args.compile]
     if "rope" not in args.pos:
         args.pos.append("rope")

@@ -419,3 +419,18 @@ def test_kernels_compile_for_sm90(tmp_path):
 @pytest.mark.slow
 def test_kernel_variants_compile_for_sm90(tmp_path):
     compile_for_sm90(tmp_path, [(128, 128, False), (64, 48, True), (128, 32, False)])
+
+
+def test_benchmark_rows_run(monkeypatch):
+    """``bench_attention.fused_attention_rows`` (the GPU suite's rows) at a toy size."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_attention
+
+    rows = bench_attention.fused_attention_rows(
+        (20,), device=DEVICE, dtype=torch.float32, heads=2, head_dim=16, tokens=1, warmup=1,
+        rounds=1,
+    )  # fmt: skip
+    assert [r["pass"] for r in rows] == ["fwd", "fwd+bwd"]
+    assert all(r["fused_ms"] > 0 and r["fused_over_rope"] > 0 for r in rows)

@@ -381,13 +381,18 @@ _DKDV_BLOCKS = {64: (32, 128, 4, 2), 128: (32, 64, 8, 2)}  # (BLOCK_M queries, B
 _DQ_BLOCKS = {64: (128, 32, 4, 2), 128: (64, 32, 8, 2)}
 
 
-def attention_blocks(head_dim: int, which: str, block: int | None = None) -> dict[str, int]:
+def attention_blocks(
+    head_dim: int, which: str, block: int | None = None, dtype: torch.dtype = torch.bfloat16
+) -> dict[str, int]:
     """Launch sizes: ``block`` for both tile sides when given (tests use 16), else the table's
-    (head dims without an entry get 64-wide tiles)."""
+    (head dims without an entry get 64-wide tiles); float32 tiles take twice the shared memory
+    of bf16 ones, so both sides are halved for it."""
     table = {"forward": _FORWARD_BLOCKS, "dkdv": _DKDV_BLOCKS, "dq": _DQ_BLOCKS}[which]
     if block is not None:
         return {"BLOCK_M": block, "BLOCK_N": block, "num_warps": 4, "num_stages": 1}
     m, n, warps, stages = table.get(head_dim, (64, 64, 4, 2))
+    if dtype == torch.float32:
+        m, n, stages = max(16, m // 2), max(16, n // 2), min(stages, 2)
     return {"BLOCK_M": m, "BLOCK_N": n, "num_warps": warps, "num_stages": stages}
 
 
@@ -502,7 +507,7 @@ def launch_attention_forward(
         raise ValueError("lse must be contiguous")
     if q.numel() == 0 or not _has_data(q):
         return
-    sizes = attention_blocks(head_dim, "forward", block)
+    sizes = attention_blocks(head_dim, "forward", block, q.dtype)
     grid = (triton.cdiv(q_len, sizes["BLOCK_M"]), bsz * n_head)
     _launchable(_forward_kernel)[grid](
         q, k, v, out, lse, *v_args[:2], *o_args[:2],
@@ -557,14 +562,14 @@ def launch_attention_backward(
     )  # fmt: skip
     tables = (*v_args[2:], *o_args[2:])
     meta = {**meta, "INTERLEAVED": interleaved}
-    sizes = attention_blocks(head_dim, "dkdv", block)
+    sizes = attention_blocks(head_dim, "dkdv", block, q.dtype)
     grid = (triton.cdiv(k_len, sizes["BLOCK_N"]), bsz * n_kv_head)
     _launchable(_backward_dkdv_kernel)[grid](
         q, k, v, do, lse, delta, dk, dv, *v_args[:2], *o_args[:2],
         scale * _LOG2E, scale, q_len, k_len, n_kv_head, group,
         *common, *dk.stride()[:3], *dv.stride()[:3], *tables, **meta, **sizes,
     )  # fmt: skip
-    sizes = attention_blocks(head_dim, "dq", block)
+    sizes = attention_blocks(head_dim, "dq", block, q.dtype)
     grid = (triton.cdiv(q_len, sizes["BLOCK_M"]), bsz * n_head)
     _launchable(_backward_dq_kernel)[grid](
         q, k, v, do, lse, delta, dq, *v_args[:2], *o_args[:2],
