@@ -363,37 +363,38 @@ CHILD = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+import torch
 from rove.kernels import triton_attention as ta
 
 FP32 = {"qk_scale", "scale", "lse_ptr", "delta_ptr", "vc_ptr", "vs_ptr", "oc_ptr", "os_ptr"}
 
-def compile_sm90(fn, **constexprs):
+def compile_sm90(fn, ieee=False, **constexprs):
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
-            sig[name] = "*fp32" if name in FP32 else "*bf16"
+            sig[name] = "*fp32" if name in FP32 or ieee else "*bf16"
         else:
             sig[name] = "fp32" if name in FP32 else "i32"
     index = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
     kernel = triton.compile(ASTSource(fn, sig, constexprs=index), target=GPUTarget("cuda", 90, 32))
     assert kernel.asm["cubin"], fn
 
-for head_dim, rotary_dim, interleaved in VARIANTS:
+for head_dim, rotary_dim, interleaved, ieee in VARIANTS:
     half = rotary_dim // 2
     n_pass = head_dim - rotary_dim
     meta = dict(
         HEAD_DIM=head_dim, BLOCK_D=head_dim, HALF=half,
         BLOCK_HALF=max(16, triton.next_power_of_2(half)),
         BLOCK_PASS=max(16, triton.next_power_of_2(n_pass)) if n_pass else 0,
-        INTERLEAVED=interleaved, ROTATE_V=True, ROTATE_O=True, CAUSAL=True, IEEE=False,
+        INTERLEAVED=interleaved, ROTATE_V=True, ROTATE_O=True, CAUSAL=True, IEEE=ieee,
         UPCAST=False,
     )
     for fn, which in ((ta._forward_kernel, "forward"), (ta._backward_dkdv_kernel, "dkdv"),
                       (ta._backward_dq_kernel, "dq")):
-        blocks = ta.attention_blocks(head_dim, which)
-        compile_sm90(fn, **meta, BLOCK_M=blocks["BLOCK_M"], BLOCK_N=blocks["BLOCK_N"])
+        blocks = ta.attention_blocks(head_dim, which, dtype=torch.float32 if ieee else torch.bfloat16)
+        compile_sm90(fn, ieee, **meta, BLOCK_M=blocks["BLOCK_M"], BLOCK_N=blocks["BLOCK_N"])
 print("compiled")
 """
 
@@ -413,12 +414,13 @@ def compile_for_sm90(tmp_path, variants) -> None:
 def test_kernels_compile_for_sm90(tmp_path):
     """The interpreter checks the arithmetic, not that the compiler accepts the kernels: the
     forward and both backward kernels compile for an H100/H200 (sm_90) without a GPU."""
-    compile_for_sm90(tmp_path, [(64, 64, False)])
+    compile_for_sm90(tmp_path, [(64, 64, False, False)])
 
 
 @pytest.mark.slow
 def test_kernel_variants_compile_for_sm90(tmp_path):
-    compile_for_sm90(tmp_path, [(128, 128, False), (64, 48, True), (128, 32, False)])
+    variants = [(128, 128, False, False), (64, 48, True, False), (128, 32, False, False)]
+    compile_for_sm90(tmp_path, [*variants, (64, 64, False, True), (128, 96, True, True)])
 
 
 def test_benchmark_rows_run(monkeypatch):

@@ -220,6 +220,8 @@ def fused_attention_fits(
         return False
     if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape or q.shape[-1] % 2:
         return False
+    if any(t.stride(-1) != 1 for t in (q, k, v)):  # the kernel reads whole channel runs
+        return False
     q_len, k_len = q.shape[2], k.shape[2]
     if k_len == 0 or (causal and q_len > k_len):
         return False

@@ -446,7 +446,9 @@ def _layout(
         raise ValueError(f"V tables rotate {2 * v_half} channels, O tables {2 * o_half}")
     if head_dim % 2 or head_dim < 2:
         raise ValueError(f"head_dim must be even, got {head_dim}")
-    half = v_half or o_half or head_dim // 2  # no tables: pair form is only a layout
+    # int(): constexprs must be concrete (specializes symbolic sizes under torch.compile)
+    head_dim = int(head_dim)
+    half = int(v_half or o_half or head_dim // 2)  # no tables: pair form is only a layout
     n_pass = head_dim - 2 * half
     meta = {
         "HEAD_DIM": head_dim,
