@@ -290,7 +290,11 @@ def _backward_dkdv_kernel(
             delta = tl.load(delta_ptr + stat_base + m_idx, mask=m_mask, other=0.0)
             s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale  # (M, N)
             p = tl.math.exp2(s - lse[:, None])
-            p = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL, True), p, 0.0)
+            # only tiles across the causal edge need a mask: padded query rows (q, dO zero)
+            # add exact zeros, and keys past Tk only touch dK, dV rows never stored
+            if CAUSAL:
+                if start + (k_len - q_len) < pid_n * BLOCK_N + BLOCK_N - 1:
+                    p = tl.where(_visible(m_idx, n_idx, q_len, k_len, True, True), p, 0.0)
             pt = tl.trans(p.to(va.dtype))
             dva += _dot(pt, doa, IEEE, UPCAST)
             dvc += _dot(pt, doc, IEEE, UPCAST)
@@ -346,8 +350,10 @@ def _backward_dq_kernel(
     v_base = v_ptr + b * s_vb + g * s_vh
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     hi = k_len
+    n_full = k_len // BLOCK_N * BLOCK_N  # keys of the blocks that need no mask
     if CAUSAL:
         hi = tl.minimum(hi, pid_m * BLOCK_M + BLOCK_M + (k_len - q_len))
+        n_full = tl.minimum(n_full, (pid_m * BLOCK_M + (k_len - q_len) + 1) // BLOCK_N * BLOCK_N)
     for start in range(0, hi, BLOCK_N):
         n_idx = start + tl.arange(0, BLOCK_N)
         n_mask = n_idx < k_len
@@ -359,7 +365,8 @@ def _backward_dq_kernel(
         )  # fmt: skip
         s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
         p = tl.math.exp2(s - lse[:, None])
-        p = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL, True), p, 0.0)
+        if start >= n_full:  # key blocks across the causal edge or past Tk
+            p = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL, True), p, 0.0)
         dp = _dot(doa, tl.trans(va), IEEE, UPCAST) + _dot(doc, tl.trans(vc), IEEE, UPCAST)
         if BLOCK_PASS > 0:
             dp += _dot(dop, tl.trans(vp), IEEE, UPCAST)
