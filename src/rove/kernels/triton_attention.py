@@ -292,7 +292,7 @@ def _backward_dkdv_kernel(
             p = tl.math.exp2(s - lse[:, None])
             # only tiles across the causal edge need a mask: padded query rows (q, dO zero)
             # add exact zeros, and keys past Tk only touch dK, dV rows never stored
-            if CAUSAL:
+            if CAUSAL:  # noqa: SIM102 (a constexpr branch, then a runtime one)
                 if start + (k_len - q_len) < pid_n * BLOCK_N + BLOCK_N - 1:
                     p = tl.where(_visible(m_idx, n_idx, q_len, k_len, True, True), p, 0.0)
             pt = tl.trans(p.to(va.dtype))
