@@ -90,7 +90,7 @@ def tables_at(rot: Rotary, positions: torch.Tensor, fraction: float, dtype: torc
     return tuple(t.to(DEVICE) for t in rot.tables(scaled, dtype))
 
 
-def run_path(c: Case, q, k, v, dtype: torch.dtype, fused: bool, block: int = 16):
+def run_path(c: Case, q, k, v, dtype: torch.dtype, fused: bool, block: int | None = 16):
     """RoVE attention of float64 leaves cast to ``dtype``: q, k rotated by RoPE, then the
     kernel (``fused``) or value rotation, SDPA and un-rotation; ``(B, Hq, Tq, D)`` and the
     gradients of q, k, v for a fixed upstream gradient."""
@@ -126,10 +126,10 @@ def run_path(c: Case, q, k, v, dtype: torch.dtype, fused: bool, block: int = 16)
     return (out, *grads)
 
 
-def assert_matches_oracle(c: Case) -> None:
+def assert_matches_oracle(c: Case, block: int | None = 16) -> None:
     q, k, v = make_inputs(c)
     oracle = run_path(c, q, k, v, torch.float64, fused=False)
-    fused = run_path(c, q, k, v, c.dtype, fused=True)
+    fused = run_path(c, q, k, v, c.dtype, fused=True, block=block)
     torch_path = run_path(c, q, k, v, c.dtype, fused=False) if c.dtype != torch.float32 else None
     for name, got, want, i in zip(["o", "dq", "dk", "dv"], fused, oracle, range(4), strict=True):
         assert got.shape == want.shape, (name, got.shape, want.shape)
@@ -169,6 +169,14 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_oracle(name):
     assert_matches_oracle(CASES[name])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_default_tiles_match_the_oracle(head_dim):
+    """The launch sizes the GPU uses for bf16 (128-row query tiles and more), over lengths that
+    end mid-tile on both sides, with a KV-cache prefix."""
+    c = Case(q_len=140, k_len=200, head_dim=head_dim, n_head=2, n_kv_head=1, batch=1)
+    assert_matches_oracle(replace(c, dtype=torch.bfloat16), block=None)
 
 
 @pytest.mark.slow
@@ -261,11 +269,11 @@ def test_layer_and_attention_use_the_kernel_when_forced(pos, monkeypatch):
 
 
 def test_dispatch_falls_back_where_the_kernel_does_not_fit(monkeypatch):
-    """auto: CUDA only, head dims 64 and 128; never with a mask, float64 or learned tables;
-    errors SDPA words better (Tq > Tk causal) stay SDPA's."""
+    """auto: CUDA only, head dims 64 and 128, 16 queries or more; never with a mask, float64
+    or learned tables; errors SDPA words better (Tq > Tk causal) stay SDPA's."""
     import rove.kernels.dispatch as dispatch
 
-    def fits(d, *, dtype=torch.float32, q_len=8, k_len=8, causal=True, mask=None, grad=False):
+    def fits(d, *, dtype=torch.float32, q_len=20, k_len=20, causal=True, mask=None, grad=False):
         q = torch.zeros(1, 2, q_len, d, dtype=dtype)
         k = torch.zeros(1, 1, k_len, d, dtype=dtype)
         table = torch.zeros(k_len, d // 2, requires_grad=grad)
@@ -275,10 +283,13 @@ def test_dispatch_falls_back_where_the_kernel_does_not_fit(monkeypatch):
     monkeypatch.setattr(dispatch, "_TRITON_DEVICES", ("cuda", "cpu"))  # the CPU stands in
     assert fits(64) and fits(128) and fits(64, dtype=torch.bfloat16)
     assert not fits(32) and not fits(96) and not fits(64, dtype=torch.float64)
-    assert not fits(64, mask=torch.ones(1, 1, 8, 8, dtype=torch.bool))
-    assert not fits(64, grad=True) and not fits(64, q_len=9)
+    assert not fits(64, mask=torch.ones(1, 1, 20, 20, dtype=torch.bool))
+    assert not fits(64, grad=True) and not fits(64, q_len=21)
+    assert fits(64, q_len=16, k_len=40) and not fits(64, q_len=1, k_len=40)  # decoding: SDPA
     with use_attention_kernel("fused"):
-        assert fits(32) and fits(96) and not fits(64, mask=torch.ones(1, 1, 8, 8, dtype=torch.bool))
+        assert (
+            fits(32) and fits(96) and not fits(64, mask=torch.ones(1, 1, 20, 20, dtype=torch.bool))
+        )
     with use_attention_kernel("sdpa"):
         assert not fits(64)
     with pytest.raises(ValueError, match="unknown attention kernel"), use_attention_kernel("flash"):

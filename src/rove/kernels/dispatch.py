@@ -5,7 +5,8 @@ The choice is made per call from the tensor's device, unless forced with ``use_b
 use it to run the Triton path under ``TRITON_INTERPRET=1`` on CPU, benchmarks to compare both).
 Every backend exposes the same call, so model code never branches. The attention kernel has a
 switch of its own, ``use_attention_kernel`` (or ``ROVE_ATTENTION``): ``"auto"`` takes it on CUDA
-for head dims 64 and 128 (the sizes its tiles are laid out for), ``"fused"`` wherever it can run
+for head dims 64 and 128 (the sizes its tiles are laid out for) and 16 or more queries (not for
+decoding steps), ``"fused"`` wherever it can run
 (any even head dim; CPU tensors under ``TRITON_INTERPRET=1``), ``"sdpa"`` never. Neither runs it
 with an explicit mask (packed documents): the kernel knows causality only.
 
@@ -49,6 +50,7 @@ ATTENTION_KERNELS = ("auto", "fused", "sdpa")
 _attention_kernel = os.environ.get("ROVE_ATTENTION", "auto")
 _FUSED_HEAD_DIMS = (64, 128)  # "auto" only: the tile sizes are chosen for these
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FUSED_MIN_QUERIES = 16  # "auto" only
 
 
 def triton_available() -> bool:
@@ -211,8 +213,8 @@ def fused_attention_fits(
     """Whether RoVE attention on these ``(B, H, T, D)`` tensors takes the fused kernel.
 
     Never with a mask, learned (``requires_grad``) tables, float64, or shapes SDPA rejects with
-    a clearer error (``Tq > Tk`` causal, no keys); under ``"auto"`` only on CUDA and for head
-    dims 64 and 128.
+    a clearer error (``Tq > Tk`` causal, no keys); under ``"auto"`` only on CUDA, for head
+    dims 64 and 128 and at least 16 queries (not for decoding steps).
     """
     if _attention_kernel == "sdpa" or not _TRITON or mask is not None:
         return False
@@ -227,7 +229,13 @@ def fused_attention_fits(
         return False
     if _attention_kernel == "fused":
         return True
-    return q.device.type in _TRITON_DEVICES and q.shape[-1] in _FUSED_HEAD_DIMS
+    # decoding steps (a few queries) stay on SDPA: their separate rotations touch a few rows,
+    # and the kernel's 128-row query tiles would be mostly padding
+    return (
+        q.device.type in _TRITON_DEVICES
+        and q.shape[-1] in _FUSED_HEAD_DIMS
+        and q_len >= _FUSED_MIN_QUERIES
+    )
 
 
 def fused_attention(
