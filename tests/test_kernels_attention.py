@@ -296,6 +296,26 @@ def test_dispatch_falls_back_where_the_kernel_does_not_fit(monkeypatch):
         pass
 
 
+@pytest.mark.skipif(INTERPRETED, reason="auto takes the kernel on CUDA only")
+def test_auto_takes_the_kernel_on_cuda(monkeypatch):
+    """A bf16 RoVE layer of 64-channel heads on CUDA runs the kernel by default, and agrees
+    with the SDPA path to bf16's rounding, forward and backward."""
+    spy = Spy(monkeypatch)
+    torch.manual_seed(0)
+    layer = RoveAttention(256, 4, 2, pos="rove").to("cuda", torch.bfloat16)
+    x = torch.randn(2, 200, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    results = []
+    for kernel in ("auto", "sdpa"):
+        with use_attention_kernel(kernel):
+            y = layer(x)
+            results.append(
+                [y, *torch.autograd.grad(y.float().square().sum(), [x, layer.qkv.weight])]
+            )
+    assert spy.calls == 1
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2)
+
+
 def test_packed_documents_fall_back_to_sdpa(monkeypatch):
     """A document mask is not the kernel's: forced or not, a packed batch takes SDPA."""
     spy = Spy(monkeypatch)
