@@ -312,8 +312,9 @@ def test_auto_takes_the_kernel_on_cuda(monkeypatch):
                 [y, *torch.autograd.grad(y.float().square().sum(), [x, layer.qkv.weight])]
             )
     assert spy.calls == 1
-    for got, want in zip(*results, strict=True):
-        torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2)
+    for got, want in zip(*results, strict=True):  # relative to the norm: bf16 sums differ
+        rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
+        assert rel < 2e-2, rel
 
 
 def test_packed_documents_fall_back_to_sdpa(monkeypatch):
