@@ -47,12 +47,13 @@ FLOOR = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 @dataclass(frozen=True)
 class Case:
-    """One option set; the defaults are a causal GQA head of 32 channels over 33 tokens."""
+    """One option set; the defaults: causal, two query heads on one kv head (GQA) of 32
+    channels, 33 tokens."""
 
     q_len: int = 33
     k_len: int = 33
-    n_head: int = 4
-    n_kv_head: int = 2
+    n_head: int = 2
+    n_kv_head: int = 1
     head_dim: int = 32
     rotary_dim: int | None = None
     convention: str = "half"
@@ -149,6 +150,7 @@ CASES = {
     "non-causal": Case(causal=False),
     "one token": Case(q_len=1, k_len=1),
     "uneven, no GQA": Case(q_len=17, k_len=17, n_head=2, n_kv_head=2),
+    "GQA 4/2": Case(q_len=17, k_len=20, n_head=4, n_kv_head=2),
     "MQA non-causal": Case(q_len=17, k_len=23, n_head=3, n_kv_head=1, causal=False),
     "cache prefix": Case(q_len=5, k_len=37),
     "head dim 64": Case(head_dim=64, q_len=17, k_len=17),

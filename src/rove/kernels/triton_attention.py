@@ -183,7 +183,8 @@ def _forward_kernel(
     m_idx = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = m_idx < q_len
     d = tl.arange(0, BLOCK_D)
-    q = tl.load(q_ptr + b * s_qb + h * s_qh + m_idx[:, None] * s_qt + d[None, :],
+    q_rows = b * s_qb + h * s_qh + m_idx[:, None].to(tl.int64) * s_qt
+    q = tl.load(q_ptr + q_rows + d[None, :],
                 mask=m_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
     k_base = k_ptr + b * s_kb + g * s_kh
     v_base = v_ptr + b * s_vb + g * s_vh
@@ -202,7 +203,7 @@ def _forward_kernel(
     for block in range(0, tl.cdiv(hi, BLOCK_N)):
         n_idx = block * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = n_idx < k_len
-        k = tl.load(k_base + n_idx[:, None] * s_kt + d[None, :],
+        k = tl.load(k_base + n_idx[:, None].to(tl.int64) * s_kt + d[None, :],
                     mask=n_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
         s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
         if block >= n_full:
@@ -212,7 +213,8 @@ def _forward_kernel(
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         va, vc, vp = _load_values(
-            v_base, n_idx * s_vt, n_mask, vc_ptr, vs_ptr, b, n_idx, s_vcb, s_vct, s_vsb, s_vst,
+            v_base, n_idx.to(tl.int64) * s_vt, n_mask, vc_ptr, vs_ptr, b, n_idx,
+            s_vcb, s_vct, s_vsb, s_vst,
             ROTATE_V, False, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
         )  # fmt: skip
         p = p.to(va.dtype)
@@ -258,10 +260,11 @@ def _backward_dkdv_kernel(
     n_mask = n_idx < k_len
     d = tl.arange(0, BLOCK_D)
     d_mask = d[None, :] < HEAD_DIM
-    k = tl.load(k_ptr + b * s_kb + g * s_kh + n_idx[:, None] * s_kt + d[None, :],
+    k_rows = b * s_kb + g * s_kh + n_idx[:, None].to(tl.int64) * s_kt
+    k = tl.load(k_ptr + k_rows + d[None, :],
                 mask=n_mask[:, None] & d_mask, other=0.0)  # fmt: skip
     va, vc, vp = _load_values(
-        v_ptr + b * s_vb + g * s_vh, n_idx * s_vt, n_mask, vc_ptr, vs_ptr, b, n_idx,
+        v_ptr + b * s_vb + g * s_vh, n_idx.to(tl.int64) * s_vt, n_mask, vc_ptr, vs_ptr, b, n_idx,
         s_vcb, s_vct, s_vsb, s_vst,
         ROTATE_V, False, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
     )  # fmt: skip
@@ -279,7 +282,7 @@ def _backward_dkdv_kernel(
         for start in range(lo, q_len, BLOCK_M):
             m_idx = start + tl.arange(0, BLOCK_M)
             m_mask = m_idx < q_len
-            q = tl.load(q_base + m_idx[:, None] * s_qt + d[None, :],
+            q = tl.load(q_base + m_idx[:, None].to(tl.int64) * s_qt + d[None, :],
                         mask=m_mask[:, None] & d_mask, other=0.0)  # fmt: skip
             doa, doc, dop = _load_values(
                 do_base, m_idx.to(tl.int64) * s_dt, m_mask, oc_ptr, os_ptr, b, m_idx,
@@ -337,7 +340,8 @@ def _backward_dq_kernel(
     m_mask = m_idx < q_len
     d = tl.arange(0, BLOCK_D)
     d_mask = d[None, :] < HEAD_DIM
-    q = tl.load(q_ptr + b * s_qb + h * s_qh + m_idx[:, None] * s_qt + d[None, :],
+    q_rows = b * s_qb + h * s_qh + m_idx[:, None].to(tl.int64) * s_qt
+    q = tl.load(q_ptr + q_rows + d[None, :],
                 mask=m_mask[:, None] & d_mask, other=0.0)  # fmt: skip
     doa, doc, dop = _load_values(
         do_ptr + b * s_db + h * s_dh, m_idx.to(tl.int64) * s_dt, m_mask, oc_ptr, os_ptr, b,
@@ -357,10 +361,11 @@ def _backward_dq_kernel(
     for start in range(0, hi, BLOCK_N):
         n_idx = start + tl.arange(0, BLOCK_N)
         n_mask = n_idx < k_len
-        k = tl.load(k_base + n_idx[:, None] * s_kt + d[None, :],
+        k = tl.load(k_base + n_idx[:, None].to(tl.int64) * s_kt + d[None, :],
                     mask=n_mask[:, None] & d_mask, other=0.0)  # fmt: skip
         va, vc, vp = _load_values(
-            v_base, n_idx * s_vt, n_mask, vc_ptr, vs_ptr, b, n_idx, s_vcb, s_vct, s_vsb, s_vst,
+            v_base, n_idx.to(tl.int64) * s_vt, n_mask, vc_ptr, vs_ptr, b, n_idx,
+            s_vcb, s_vct, s_vsb, s_vst,
             ROTATE_V, False, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
         )  # fmt: skip
         s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
