@@ -73,121 +73,184 @@ def bench(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def _attention_flops(bsz: int, heads: int, seq: int, head_dim: int, causal: bool) -> float:
-    """Matmul FLOPs of one attention forward: ``4 B H T^2 D``, halved when causal."""
-    return 4.0 * bsz * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+def _attention_flops(
+    bsz: int, heads: int, seq: int, head_dim: int, pass_: str, causal: bool = True
+) -> float:
+    """Matmul FLOPs: forward ``4 B H T^2 D`` (halved when causal), the backward 2.5x that."""
+    fwd = 4.0 * bsz * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+    return fwd * (3.5 if pass_ == "fwd+bwd" else 1.0)
+
+
+Timer = Callable[[dict[str, Callable[[], object]], float | None], dict[str, harness.Timing]]
+_GRAPH_CALLS = 4  # calls captured per CUDA-graph replay ("kernel" timing)
 
 
 def fused_attention_rows(
     seqs: Sequence[int] = (1024, 2048, 4096, 8192, 16384),
     *,
-    device: str = "cuda",
+    device: str | torch.device = "cuda",
     dtype: torch.dtype = torch.bfloat16,
     heads: int = 12,
     head_dim: int = 64,
     tokens: int = FUSED_TOKENS,
     causal: bool = True,
-    warmup: int = 3,
-    rounds: int = 10,
+    time: Timer | None = None,
     budget_s: float | None = None,
+    add_rows: Callable[[list[dict]], None] | None = None,
+    graphs: bool | None = None,
 ) -> list[dict]:
-    """The fused RoVE attention kernel against RoPE's SDPA, one row per length and pass.
+    """The fused RoVE attention kernel against RoPE's SDPA, per length and pass.
 
     Per length ``T`` the batch is ``max(1, tokens // T)``; q, k, v are ``(B, H, T, D)`` views
     of ``(B, T, H, D)`` tensors (the layout the split kernel writes), q and k RoPE-rotated once
-    outside the timing (both encodings pay that alike). Variants, interleaved per round:
-    ``rope``: SDPA (flash backend on CUDA); ``fused``: the Triton kernel, values rotated by
-    ``R_j`` and the output by ``R_(-i)`` inside it; ``unfused``: today's fallback (rotate V,
-    SDPA, un-rotate and merge heads). Calls are eager (each through its op's Python dispatch;
-    the launches are asynchronous, so dispatch is hidden where the GPU is the bottleneck).
+    outside the timing (both encodings pay that alike). One timed group per length and pass,
+    its variants interleaved: ``rope``: SDPA (flash backend on CUDA); ``fused``: the Triton
+    kernel, values rotated by ``R_j`` and the output by ``R_(-i)`` inside it; ``unfused``:
+    today's fallback (rotate V, SDPA, un-rotate and merge heads). Each is timed called from
+    Python ("dispatch": the op's dispatch included, launches asynchronous) and, with
+    ``graphs`` (default: on CUDA), as CUDA-graph replays of ``_GRAPH_CALLS`` calls ("kernel":
+    the kernels alone); a capture that fails is recorded in the rows, not raised.
 
-    Each row: ``seq``, ``batch``, ``pass`` (``fwd`` or ``fwd+bwd``), ``mode`` ("eager"),
-    medians ``rope_ms``, ``fused_ms``, ``unfused_ms``, the paired ratios ``fused_over_rope``
-    and ``unfused_over_rope`` with ``*_q1_q3``, and the fused kernel's ``fused_tflops`` and
-    ``fused_peak_fraction`` (against ``H200_BF16_PEAK``; the backward counted as 2.5
-    forwards) beside RoPE SDPA's ``rope_tflops``. The goal reads ``fused_over_rope`` of the
-    ``fwd+bwd`` rows at T >= 1024 (<= 1.02).
+    Arguments:
+        time: ``time(variants, budget_s) -> {name: harness.Timing}`` (the GPU suite's paired,
+            interleaved timer); default ``harness.time_interleaved`` with 3 warm-ups, 10 rounds.
+        budget_s: seconds for all groups together, shared out as they run.
+        add_rows: receives each group's rows as soon as they are measured.
+    Returns the rows (also those handed to ``add_rows``): ``seq``, ``batch``, ``heads``,
+    ``head_dim``, ``causal``, ``pass`` ("fwd" | "fwd+bwd"), ``mode`` ("eager"), ``timing``
+    ("dispatch" | "kernel"), ``fused_ms``, ``rope_sdpa_ms``, ``unfused_ms``, ``ratio`` (fused /
+    RoPE SDPA, paired per round) with ``ratio_q1_q3``, ``unfused_ratio``, ``flops`` (the
+    backward counted as 2.5 forwards). The goal reads ``ratio`` of the ``fwd+bwd`` rows at
+    T >= 1024 (<= 1.02).
+    Raises ``NotImplementedError`` where the kernel cannot run (no triton; not CUDA and not
+    ``TRITON_INTERPRET=1``).
     """
-    from rove.kernels.triton_attention_ops import fused_attention_triton
+    import time as clock
 
-    rows = []
+    from rove.kernels import triton_available
+
+    if not triton_available():
+        raise NotImplementedError("triton is not installed")
+    from rove.kernels.triton_attention_ops import fused_attention_triton
+    from rove.kernels.triton_kernels import INTERPRETED
+
+    cuda = torch.device(device).type == "cuda"
+    if not cuda and not INTERPRETED:
+        raise NotImplementedError("the fused kernel needs CUDA (or TRITON_INTERPRET=1 on a CPU)")
+    graphs = cuda if graphs is None else graphs
+    if time is None:
+
+        def time(variants, budget):
+            return harness.time_interleaved(
+                variants, device=device, warmup=3, rounds=10, budget_s=budget
+            )
+
     flash: contextlib.AbstractContextManager = contextlib.nullcontext()
-    if torch.device(device).type == "cuda" and dtype != torch.float32:
+    if cuda and dtype != torch.float32:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         flash = sdpa_kernel(SDPBackend.FLASH_ATTENTION)
     rotary = Rotary(head_dim)
+    deadline = None if budget_s is None else clock.monotonic() + budget_s
+    groups_left = 2 * len(seqs)
+    rows: list[dict] = []
     for seq in seqs:
         bsz = max(1, tokens // seq)
         cos, sin = rotary.tables(torch.arange(seq, device=device))
         gen = torch.Generator(device=device).manual_seed(0)
 
-        def heads_like(n: int, *, bsz: int = bsz, seq: int = seq, gen=gen) -> torch.Tensor:
-            x = torch.randn(bsz, seq, n, head_dim, device=device, dtype=dtype, generator=gen)
+        def heads_like(bsz: int = bsz, seq: int = seq, gen=gen) -> torch.Tensor:
+            x = torch.randn(bsz, seq, heads, head_dim, device=device, dtype=dtype, generator=gen)
             return x.transpose(1, 2)  # (B, H, T, D) view of (B, T, H, D)
 
-        q = rotate(heads_like(heads), cos, sin).detach()
-        k = rotate(heads_like(heads), cos, sin).detach()
-        v = heads_like(heads)
+        q, k = rotate(heads_like(), cos, sin).detach(), rotate(heads_like(), cos, sin).detach()
+        v = heads_like()
         grad = torch.randn(bsz, seq, heads * head_dim, device=device, dtype=dtype, generator=gen)
 
-        def rope(q=q, k=k, v=v) -> torch.Tensor:
+        def rope(q, k, v) -> torch.Tensor:
             with flash:
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             return o.transpose(1, 2).flatten(2)  # (B, T, H * D): a view for flash's layout
 
-        def fused(q=q, k=k, v=v, cos=cos, sin=sin) -> torch.Tensor:
+        def fused(q, k, v, cos=cos, sin=sin) -> torch.Tensor:
             return fused_attention_triton(
                 q, k, v, scale=head_dim**-0.5, causal=causal, v_tables=(cos, sin),
                 o_tables=(cos, sin),
             )  # fmt: skip
 
-        def unfused(q=q, k=k, v=v, cos=cos, sin=sin) -> torch.Tensor:
+        def unfused(q, k, v, cos=cos, sin=sin) -> torch.Tensor:
             with flash:
                 o = F.scaled_dot_product_attention(q, k, rotate(v, cos, sin), is_causal=causal)
             return unrotate_merge_heads(o, cos, sin)
 
         fns = {"rope": rope, "fused": fused, "unfused": unfused}
-        flops = _attention_flops(bsz, heads, seq, head_dim, causal)
         for p in ("fwd", "fwd+bwd"):
-            if p == "fwd":
-                variants = {n: (lambda f=f: torch.no_grad()(f)()) for n, f in fns.items()}
-            else:
-                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            leaves = [t.detach().requires_grad_(p == "fwd+bwd") for t in (q, k, v)]
 
-                def step(f: Callable[..., torch.Tensor], leaves=leaves, grad=grad) -> None:
+            def call(f, leaves=leaves, p=p, grad=grad) -> None:
+                if p == "fwd":
+                    with torch.no_grad():
+                        f(*leaves)
+                else:
                     torch.autograd.grad(f(*leaves), leaves, grad)
 
-                variants = {n: (lambda f=f: step(f)) for n, f in fns.items()}
-            t = harness.time_interleaved(
-                variants, device=device, warmup=warmup, rounds=rounds, budget_s=budget_s
-            )
-            work = flops * (1.0 if p == "fwd" else 3.5)
-            row: dict = dict(seq=seq, batch=bsz, heads=heads, head_dim=head_dim, causal=causal)
-            row.update({"pass": p, "mode": "eager", "dtype": str(dtype).removeprefix("torch.")})
-            row.update({f"{n}_ms": t[n].median * 1e3 for n in fns})
-            for n in ("fused", "unfused"):
-                ratio = harness.paired_ratio(t[n], t["rope"])
-                row[f"{n}_over_rope"], row[f"{n}_over_rope_q1_q3"] = ratio[0], list(ratio[1:])
-            row["fused_tflops"] = work / t["fused"].median / 1e12
-            row["rope_tflops"] = work / t["rope"].median / 1e12
-            row["fused_peak_fraction"] = work / t["fused"].median / H200_BF16_PEAK
-            rows.append(row)
+            variants: dict[str, Callable[[], object]] = {
+                n: (lambda f=f, call=call: call(f)) for n, f in fns.items()
+            }
+            failed = None
+            if graphs:
+                try:
+                    for n in ("rope", "fused"):
+                        variants[f"{n} graph"] = harness.cuda_graph(variants[n], _GRAPH_CALLS)
+                except Exception as exc:  # recorded in the rows: the dispatch rows still count
+                    failed = f"CUDA graph capture failed: {type(exc).__name__}: {exc}"[:300]
+                    variants = {n: variants[n] for n in fns}
+            budget = None
+            if deadline is not None:
+                budget = max(0.0, deadline - clock.monotonic()) / groups_left
+            groups_left -= 1
+            t = time(variants, budget)
+            base = dict(seq=seq, batch=bsz, heads=heads, head_dim=head_dim, causal=causal)
+            base.update({"pass": p, "mode": "eager", "dtype": str(dtype).removeprefix("torch.")})
+            base["flops"] = _attention_flops(bsz, heads, seq, head_dim, p, causal)
+            new = []
+            for timing, suffix, calls in (("dispatch", "", 1), ("kernel", " graph", _GRAPH_CALLS)):
+                if f"fused{suffix}" not in t:
+                    if timing == "kernel" and failed:
+                        new.append({**base, "timing": timing, "status": failed})
+                    continue
+                fused_t, rope_t = t[f"fused{suffix}"], t[f"rope{suffix}"]
+                ratio = harness.paired_ratio(fused_t, rope_t)
+                row = {**base, "timing": timing, "rounds": len(fused_t.samples)}
+                row.update(fused_ms=fused_t.median * 1e3 / calls, ratio=ratio[0])
+                row.update(rope_sdpa_ms=rope_t.median * 1e3 / calls, ratio_q1_q3=list(ratio[1:]))
+                if timing == "dispatch":
+                    row["unfused_ms"] = t["unfused"].median * 1e3
+                    row["unfused_ratio"] = harness.paired_ratio(t["unfused"], rope_t)[0]
+                new.append(row)
+            rows.extend(new)
+            if add_rows is not None:
+                add_rows(new)
     return rows
 
 
 def fused_table(rows: list[dict]) -> str:
     lines = [
-        "| T | B | pass | rope SDPA ms | fused ms | unfused ms | fused / rope | unfused / rope "
-        "| fused TFLOP/s (of peak) |",
+        "| T | B | pass | timing | RoPE SDPA ms | fused ms | fused / RoPE | unfused / RoPE "
+        "| fused TFLOP/s (of H200 peak) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if "fused_ms" not in r:
+            lines.append(f"| {r['seq']} | {r['batch']} | {r['pass']} | {r['timing']} | "
+                         f"{r.get('status', '-')} | | | | |")  # fmt: skip
+            continue
+        tflops = r["flops"] / (r["fused_ms"] / 1e3) / 1e12
+        unfused = f"{r['unfused_ratio']:.3f}" if "unfused_ratio" in r else "-"
         lines.append(
-            f"| {r['seq']} | {r['batch']} | {r['pass']} | {r['rope_ms']:.3f} | "
-            f"{r['fused_ms']:.3f} | {r['unfused_ms']:.3f} | {r['fused_over_rope']:.3f} | "
-            f"{r['unfused_over_rope']:.3f} | {r['fused_tflops']:.0f} "
-            f"({r['fused_peak_fraction']:.0%}) |"
+            f"| {r['seq']} | {r['batch']} | {r['pass']} | {r['timing']} | "
+            f"{r['rope_sdpa_ms']:.3f} | {r['fused_ms']:.3f} | {r['ratio']:.3f} | {unfused} | "
+            f"{tflops:.0f} ({tflops * 1e12 / H200_BF16_PEAK:.0%}) |"
         )
     return "\n".join(lines)
 
@@ -219,9 +282,15 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     harness.set_threads(args.threads)
     if args.fused:
+
+        def timer(variants, budget):
+            return harness.time_interleaved(
+                variants, device=args.device, warmup=args.warmup, rounds=args.repeats
+            )
+
         rows = fused_attention_rows(
             args.seq, device=args.device, dtype=DTYPES[args.dtype], heads=args.heads,
-            head_dim=args.head_dim, warmup=args.warmup, rounds=args.repeats,
+            head_dim=args.head_dim, time=timer,
             tokens=max(FUSED_TOKENS if args.device == "cuda" else 1, args.batch),
         )  # fmt: skip
         text = fused_table(rows)

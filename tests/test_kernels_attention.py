@@ -457,16 +457,38 @@ def test_kernel_variants_compile_for_sm90(tmp_path):
     compile_for_sm90(tmp_path, [*variants, (64, 64, False, True), (128, 96, True, True)])
 
 
-def test_benchmark_rows_run(monkeypatch):
-    """``bench_attention.fused_attention_rows`` (the GPU suite's rows) at a toy size."""
+def test_benchmark_rows_follow_the_gpu_suite_contract(monkeypatch):
+    """``bench_attention.fused_attention_rows`` at a toy size, called as ``gpu_suite`` calls it:
+    rows per group through ``add_rows``, the suite's timer, ``NotImplementedError`` where the
+    kernel cannot run."""
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import bench_attention
+    import harness
+
+    budgets, handed = [], []
+
+    def timer(variants, budget):
+        budgets.append(budget)
+        return harness.time_interleaved(variants, device=DEVICE, warmup=1, rounds=2)
 
     rows = bench_attention.fused_attention_rows(
-        (20,), device=DEVICE, dtype=torch.float32, heads=2, head_dim=16, tokens=1, warmup=1,
-        rounds=1,
+        device=DEVICE, dtype=torch.float32, seqs=(20,), heads=2, head_dim=16, tokens=40,
+        time=timer, budget_s=100.0, add_rows=handed.append, graphs=False,
     )  # fmt: skip
-    assert [r["pass"] for r in rows] == ["fwd", "fwd+bwd"]
-    assert all(r["fused_ms"] > 0 and r["fused_over_rope"] > 0 for r in rows)
+    assert handed == [[r] for r in rows]
+    assert budgets[0] == pytest.approx(50.0, rel=0.1) and 0 < budgets[1] <= 100
+    assert [(r["pass"], r["timing"], r["mode"], r["batch"]) for r in rows] == [
+        ("fwd", "dispatch", "eager", 2),
+        ("fwd+bwd", "dispatch", "eager", 2),
+    ]
+    assert all(r["fused_ms"] > 0 and r["ratio"] > 0 and r["rope_sdpa_ms"] > 0 for r in rows)
+    assert rows[1]["flops"] == pytest.approx(3.5 * rows[0]["flops"])
+    assert "fused / RoPE" in bench_attention.fused_table(rows)
+    if INTERPRETED:
+        import rove.kernels.triton_kernels as tk
+
+        monkeypatch.setattr(tk, "INTERPRETED", False)
+        with pytest.raises(NotImplementedError, match="needs CUDA"):
+            bench_attention.fused_attention_rows(device="cpu", seqs=(20,), time=timer)
