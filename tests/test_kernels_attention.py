@@ -30,7 +30,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from rove.functional import attention
-from rove.kernels import fused_attention_fits, use_attention_kernel
+from rove.kernels import fused_attention_fits, use_attention_kernel, use_backend
 from rove.kernels.torch_rotary import rotate_torch
 from rove.kernels.triton_attention_ops import fused_attention_triton
 from rove.kernels.triton_kernels import INTERPRETED
@@ -288,6 +288,8 @@ def test_dispatch_falls_back_where_the_kernel_does_not_fit(monkeypatch):
     assert not fits(64, mask=torch.ones(1, 1, 20, 20, dtype=torch.bool))
     assert not fits(64, grad=True) and not fits(64, q_len=21)
     assert fits(64, q_len=16, k_len=40) and not fits(64, q_len=1, k_len=40)  # decoding: SDPA
+    with use_backend("torch"):  # the pure-torch path: no Triton attention either
+        assert not fits(64)
     with use_attention_kernel("fused"):
         assert (
             fits(32) and fits(96) and not fits(64, mask=torch.ones(1, 1, 20, 20, dtype=torch.bool))

@@ -6,7 +6,7 @@ use it to run the Triton path under ``TRITON_INTERPRET=1`` on CPU, benchmarks to
 Every backend exposes the same call, so model code never branches. The attention kernel has a
 switch of its own, ``use_attention_kernel`` (or ``ROVE_ATTENTION``): ``"auto"`` takes it on CUDA
 for head dims 64 and 128 (the sizes its tiles are laid out for) and 16 or more queries (not for
-decoding steps), ``"fused"`` wherever it can run
+decoding steps) unless ``use_backend("torch")`` is in force, ``"fused"`` wherever it can run
 (any even head dim; CPU tensors under ``TRITON_INTERPRET=1``), ``"sdpa"`` never. Neither runs it
 with an explicit mask (packed documents): the kernel knows causality only.
 
@@ -214,7 +214,8 @@ def fused_attention_fits(
 
     Never with a mask, learned (``requires_grad``) tables, float64, or shapes SDPA rejects with
     a clearer error (``Tq > Tk`` causal, no keys); under ``"auto"`` only on CUDA, for head
-    dims 64 and 128 and at least 16 queries (not for decoding steps).
+    dims 64 and 128 and at least 16 queries (not for decoding steps), and not while
+    ``use_backend("torch")`` asks for the pure-torch path.
     """
     if _attention_kernel == "sdpa" or not _TRITON or mask is not None:
         return False
@@ -229,6 +230,8 @@ def fused_attention_fits(
         return False
     if _attention_kernel == "fused":
         return True
+    if _backend == "torch":  # the pure-torch path asked for: no Triton anywhere
+        return False
     # decoding steps (a few queries) stay on SDPA: their separate rotations touch a few rows,
     # and the kernel's 128-row query tiles would be mostly padding
     return (
