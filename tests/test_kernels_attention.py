@@ -380,12 +380,21 @@ def test_torch_compile_fullgraph_over_a_model():
     torch.manual_seed(0)
     model = GPT(get_preset("nano", vocab_size=64, pos="rove")).to(DEVICE)
     idx = torch.randint(0, 64, (2, 24), device=DEVICE)
-    backend = "eager" if INTERPRETED else "inductor"
+    seen: list[str] = []
+
+    def eager_recording(gm: torch.fx.GraphModule, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes)
+        return gm.forward
+
+    backend = eager_recording if INTERPRETED else "inductor"
     with use_attention_kernel("fused"):
         compiled = torch.compile(model, fullgraph=True, backend=backend)
         loss = compiled(idx, idx)
         loss.backward()
         grads = [p.grad.clone() for p in model.parameters()]
+    if INTERPRETED:  # one op node per layer in the one graph
+        n_layer = model.config.n_layer
+        assert sum("rove.rove_attention" in t for t in seen) == n_layer, seen
     model.zero_grad()
     with use_attention_kernel("sdpa"):
         expected = model(idx, idx)
@@ -393,6 +402,23 @@ def test_torch_compile_fullgraph_over_a_model():
     torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
     for got, p in zip(grads, model.parameters(), strict=True):
         torch.testing.assert_close(got, p.grad, rtol=1e-3, atol=1e-5)
+
+
+def test_model_on_meta_traces_through_the_op(monkeypatch):
+    """A bf16 GPT on the meta device (no data: the launches are skipped) runs forward and
+    backward through the op: shapes, strides, dtypes and devices of outputs and gradients
+    line up as on a GPU."""
+    from rove.model import GPT, get_preset
+
+    spy = Spy(monkeypatch)
+    model = GPT(get_preset("nano", vocab_size=64, pos="rove", n_kv_head=2)).to("meta")
+    model = model.to(torch.bfloat16)
+    idx = torch.zeros(2, 40, dtype=torch.long, device="meta")
+    with use_attention_kernel("fused"):
+        loss = model(idx, idx)
+        loss.backward()
+    assert loss.device.type == "meta" and spy.calls == model.config.n_layer
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in model.parameters())
 
 
 CHILD = """
