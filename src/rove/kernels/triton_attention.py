@@ -164,6 +164,41 @@ def _visible(m_idx, n_idx, q_len, k_len, CAUSAL: tl.constexpr, ROWS: tl.constexp
 
 
 @triton.jit
+def _forward_step(
+    q, k_base, v_base, s_kt, s_vt, vc_ptr, vs_ptr, s_vcb, s_vct, s_vsb, s_vst,
+    b, block, m_idx, q_len, k_len, qk_scale, m_i, l_i, acc_a, acc_c, acc_p,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, INTERLEAVED: tl.constexpr,
+    ROTATE_V: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """One key block of the online softmax: the updated max, sum and accumulators."""
+    d = tl.arange(0, BLOCK_D)
+    n_idx = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n_idx < k_len
+    k = tl.load(k_base + n_idx[:, None].to(tl.int64) * s_kt + d[None, :],
+                mask=n_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+    s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
+    if MASKED:
+        s = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL, False), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    va, vc, vp = _load_values(
+        v_base, n_idx.to(tl.int64) * s_vt, n_mask, vc_ptr, vs_ptr, b, n_idx,
+        s_vcb, s_vct, s_vsb, s_vst,
+        ROTATE_V, False, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
+    )  # fmt: skip
+    p = p.to(va.dtype)
+    acc_a = acc_a * alpha[:, None] + _dot(p, va, IEEE, UPCAST)
+    acc_c = acc_c * alpha[:, None] + _dot(p, vc, IEEE, UPCAST)
+    if BLOCK_PASS > 0:
+        acc_p = acc_p * alpha[:, None] + _dot(p, vp, IEEE, UPCAST)
+    return m_new, l_i, acc_a, acc_c, acc_p
+
+
+@triton.jit
 def _forward_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, vc_ptr, vs_ptr, oc_ptr, os_ptr,
     qk_scale, q_len, k_len, n_head, group,
@@ -193,36 +228,28 @@ def _forward_kernel(
     acc_a = tl.zeros((BLOCK_M, BLOCK_HALF), tl.float32)
     acc_c = tl.zeros((BLOCK_M, BLOCK_HALF), tl.float32)
     acc_p = tl.zeros((BLOCK_M, max(BLOCK_PASS, 16)), tl.float32)
-    # key blocks every row of the tile sees whole, then the rest, masked (causal edge, Tk end)
     first_row = pid_m * BLOCK_M + (k_len - q_len)
     n_full = k_len // BLOCK_N
     hi = k_len
     if CAUSAL:
         n_full = tl.minimum((first_row + 1) // BLOCK_N, n_full)
         hi = tl.minimum(hi, first_row + BLOCK_M)
-    for block in range(0, tl.cdiv(hi, BLOCK_N)):
-        n_idx = block * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = n_idx < k_len
-        k = tl.load(k_base + n_idx[:, None].to(tl.int64) * s_kt + d[None, :],
-                    mask=n_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
-        s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
-        if block >= n_full:
-            s = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL, False), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        va, vc, vp = _load_values(
-            v_base, n_idx.to(tl.int64) * s_vt, n_mask, vc_ptr, vs_ptr, b, n_idx,
-            s_vcb, s_vct, s_vsb, s_vst,
-            ROTATE_V, False, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
+    # two loops, each free of branches (a pipelined loop): the key blocks every row of the
+    # tile sees whole, then those across the causal edge or Tk, masked
+    for block in range(0, n_full):
+        m_i, l_i, acc_a, acc_c, acc_p = _forward_step(
+            q, k_base, v_base, s_kt, s_vt, vc_ptr, vs_ptr, s_vcb, s_vct, s_vsb, s_vst,
+            b, block, m_idx, q_len, k_len, qk_scale, m_i, l_i, acc_a, acc_c, acc_p,
+            False, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, ROTATE_V,
+            CAUSAL, IEEE, UPCAST, BLOCK_N,
         )  # fmt: skip
-        p = p.to(va.dtype)
-        acc_a = acc_a * alpha[:, None] + _dot(p, va, IEEE, UPCAST)
-        acc_c = acc_c * alpha[:, None] + _dot(p, vc, IEEE, UPCAST)
-        if BLOCK_PASS > 0:
-            acc_p = acc_p * alpha[:, None] + _dot(p, vp, IEEE, UPCAST)
-        m_i = m_new
+    for block in range(n_full, tl.cdiv(hi, BLOCK_N)):
+        m_i, l_i, acc_a, acc_c, acc_p = _forward_step(
+            q, k_base, v_base, s_kt, s_vt, vc_ptr, vs_ptr, s_vcb, s_vct, s_vsb, s_vst,
+            b, block, m_idx, q_len, k_len, qk_scale, m_i, l_i, acc_a, acc_c, acc_p,
+            True, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, ROTATE_V,
+            CAUSAL, IEEE, UPCAST, BLOCK_N,
+        )  # fmt: skip
     inv_l = 1.0 / l_i
     rows = b * s_ob + h * s_oh + m_idx.to(tl.int64) * s_ot
     _store_values(
@@ -234,6 +261,43 @@ def _forward_kernel(
 
 
 # ---- backward ----
+
+
+@triton.jit
+def _dkdv_step(
+    q_base, do_base, lse_ptr, delta_ptr, s_qt, s_dt, oc_ptr, os_ptr, s_ocb, s_oct, s_osb, s_ost,
+    b, start, n_idx, q_len, k_len, qk_scale, k, va, vc, vp, dk, dva, dvc, dvp,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, INTERLEAVED: tl.constexpr,
+    ROTATE_O: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """One query tile's share of a key block's dK and dV (``MASKED``: causal mask on)."""
+    d = tl.arange(0, BLOCK_D)
+    m_idx = start + tl.arange(0, BLOCK_M)
+    m_mask = m_idx < q_len
+    q = tl.load(q_base + m_idx[:, None].to(tl.int64) * s_qt + d[None, :],
+                mask=m_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+    doa, doc, dop = _load_values(
+        do_base, m_idx.to(tl.int64) * s_dt, m_mask, oc_ptr, os_ptr, b, m_idx,
+        s_ocb, s_oct, s_osb, s_ost,
+        ROTATE_O, False, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
+    )  # fmt: skip
+    lse = tl.load(lse_ptr + m_idx, mask=m_mask, other=0.0)
+    delta = tl.load(delta_ptr + m_idx, mask=m_mask, other=0.0)
+    s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale  # (M, N)
+    p = tl.math.exp2(s - lse[:, None])
+    if MASKED:
+        p = tl.where(_visible(m_idx, n_idx, q_len, k_len, True, True), p, 0.0)
+    pt = tl.trans(p.to(va.dtype))
+    dva += _dot(pt, doa, IEEE, UPCAST)
+    dvc += _dot(pt, doc, IEEE, UPCAST)
+    dp = _dot(doa, tl.trans(va), IEEE, UPCAST) + _dot(doc, tl.trans(vc), IEEE, UPCAST)
+    if BLOCK_PASS > 0:
+        dvp += _dot(pt, dop, IEEE, UPCAST)
+        dp += _dot(dop, tl.trans(vp), IEEE, UPCAST)
+    ds = p * (dp - delta[:, None])
+    dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE, UPCAST)
+    return dk, dva, dvc, dvp
 
 
 @triton.jit
@@ -272,41 +336,35 @@ def _backward_dkdv_kernel(
     dva = tl.zeros((BLOCK_N, BLOCK_HALF), tl.float32)
     dvc = tl.zeros((BLOCK_N, BLOCK_HALF), tl.float32)
     dvp = tl.zeros((BLOCK_N, max(BLOCK_PASS, 16)), tl.float32)
-    lo = 0
-    if CAUSAL:  # the first query that sees this block's first key
+    lo = 0  # the first query tile that sees a key of this block
+    edge = 0  # the first query tile that sees all of them
+    if CAUSAL:
         lo = tl.maximum(pid_n * BLOCK_N - (k_len - q_len), 0) // BLOCK_M * BLOCK_M
+        last_key = pid_n * BLOCK_N + BLOCK_N - 1
+        edge = tl.cdiv(tl.maximum(last_key - (k_len - q_len), 0), BLOCK_M) * BLOCK_M
+        edge = tl.minimum(tl.maximum(edge, lo), q_len)
     for h in range(g * group, g * group + group):
         q_base = q_ptr + b * s_qb + h * s_qh
         do_base = do_ptr + b * s_db + h * s_dh
         stat_base = (b * n_kv_head * group + h) * q_len
-        for start in range(lo, q_len, BLOCK_M):
-            m_idx = start + tl.arange(0, BLOCK_M)
-            m_mask = m_idx < q_len
-            q = tl.load(q_base + m_idx[:, None].to(tl.int64) * s_qt + d[None, :],
-                        mask=m_mask[:, None] & d_mask, other=0.0)  # fmt: skip
-            doa, doc, dop = _load_values(
-                do_base, m_idx.to(tl.int64) * s_dt, m_mask, oc_ptr, os_ptr, b, m_idx,
-                s_ocb, s_oct, s_osb, s_ost,
-                ROTATE_O, False, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
+        # tiles across the causal edge masked, the rest not: padded query rows (q, dO zero)
+        # add exact zeros, and keys past Tk only touch dK, dV rows never stored
+        for start in range(lo, edge, BLOCK_M):
+            dk, dva, dvc, dvp = _dkdv_step(
+                q_base, do_base, lse_ptr + stat_base, delta_ptr + stat_base, s_qt, s_dt,
+                oc_ptr, os_ptr, s_ocb, s_oct, s_osb, s_ost, b, start, n_idx, q_len, k_len,
+                qk_scale, k, va, vc, vp, dk, dva, dvc, dvp,
+                True, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, ROTATE_O,
+                IEEE, UPCAST, BLOCK_M,
             )  # fmt: skip
-            lse = tl.load(lse_ptr + stat_base + m_idx, mask=m_mask, other=0.0)
-            delta = tl.load(delta_ptr + stat_base + m_idx, mask=m_mask, other=0.0)
-            s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale  # (M, N)
-            p = tl.math.exp2(s - lse[:, None])
-            # only tiles across the causal edge need a mask: padded query rows (q, dO zero)
-            # add exact zeros, and keys past Tk only touch dK, dV rows never stored
-            if CAUSAL:  # noqa: SIM102 (a constexpr branch, then a runtime one)
-                if start + (k_len - q_len) < pid_n * BLOCK_N + BLOCK_N - 1:
-                    p = tl.where(_visible(m_idx, n_idx, q_len, k_len, True, True), p, 0.0)
-            pt = tl.trans(p.to(va.dtype))
-            dva += _dot(pt, doa, IEEE, UPCAST)
-            dvc += _dot(pt, doc, IEEE, UPCAST)
-            dp = _dot(doa, tl.trans(va), IEEE, UPCAST) + _dot(doc, tl.trans(vc), IEEE, UPCAST)
-            if BLOCK_PASS > 0:
-                dvp += _dot(pt, dop, IEEE, UPCAST)
-                dp += _dot(dop, tl.trans(vp), IEEE, UPCAST)
-            ds = p * (dp - delta[:, None])
-            dk += _dot(tl.trans(ds.to(q.dtype)), q, IEEE, UPCAST)
+        for start in range(edge, q_len, BLOCK_M):
+            dk, dva, dvc, dvp = _dkdv_step(
+                q_base, do_base, lse_ptr + stat_base, delta_ptr + stat_base, s_qt, s_dt,
+                oc_ptr, os_ptr, s_ocb, s_oct, s_osb, s_ost, b, start, n_idx, q_len, k_len,
+                qk_scale, k, va, vc, vp, dk, dva, dvc, dvp,
+                False, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, ROTATE_O,
+                IEEE, UPCAST, BLOCK_M,
+            )  # fmt: skip
     dk_rows = b * s_kgb + g * s_kgh + n_idx.to(tl.int64) * s_kgt
     tl.store(dk_ptr + dk_rows[:, None] + d[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
              mask=n_mask[:, None] & d_mask)  # fmt: skip
@@ -315,6 +373,37 @@ def _backward_dkdv_kernel(
         vc_ptr, vs_ptr, b, n_idx, s_vcb, s_vct, s_vsb, s_vst,
         ROTATE_V, True, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
     )  # fmt: skip
+
+
+@triton.jit
+def _dq_step(
+    q, doa, doc, dop, lse, delta, dq, k_base, v_base, s_kt, s_vt,
+    vc_ptr, vs_ptr, s_vcb, s_vct, s_vsb, s_vst, b, start, m_idx, q_len, k_len, qk_scale,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, INTERLEAVED: tl.constexpr,
+    ROTATE_V: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """One key block's share of a query tile's dQ (``MASKED``: causal and key-bound masks)."""
+    d = tl.arange(0, BLOCK_D)
+    n_idx = start + tl.arange(0, BLOCK_N)
+    n_mask = n_idx < k_len
+    k = tl.load(k_base + n_idx[:, None].to(tl.int64) * s_kt + d[None, :],
+                mask=n_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+    va, vc, vp = _load_values(
+        v_base, n_idx.to(tl.int64) * s_vt, n_mask, vc_ptr, vs_ptr, b, n_idx,
+        s_vcb, s_vct, s_vsb, s_vst,
+        ROTATE_V, False, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
+    )  # fmt: skip
+    s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
+    p = tl.math.exp2(s - lse[:, None])
+    if MASKED:
+        p = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL, True), p, 0.0)
+    dp = _dot(doa, tl.trans(va), IEEE, UPCAST) + _dot(doc, tl.trans(vc), IEEE, UPCAST)
+    if BLOCK_PASS > 0:
+        dp += _dot(dop, tl.trans(vp), IEEE, UPCAST)
+    ds = p * (dp - delta[:, None])
+    return dq + _dot(ds.to(k.dtype), k, IEEE, UPCAST)
 
 
 @triton.jit
@@ -358,25 +447,20 @@ def _backward_dq_kernel(
     if CAUSAL:
         hi = tl.minimum(hi, pid_m * BLOCK_M + BLOCK_M + (k_len - q_len))
         n_full = tl.minimum(n_full, (pid_m * BLOCK_M + (k_len - q_len) + 1) // BLOCK_N * BLOCK_N)
-    for start in range(0, hi, BLOCK_N):
-        n_idx = start + tl.arange(0, BLOCK_N)
-        n_mask = n_idx < k_len
-        k = tl.load(k_base + n_idx[:, None].to(tl.int64) * s_kt + d[None, :],
-                    mask=n_mask[:, None] & d_mask, other=0.0)  # fmt: skip
-        va, vc, vp = _load_values(
-            v_base, n_idx.to(tl.int64) * s_vt, n_mask, vc_ptr, vs_ptr, b, n_idx,
-            s_vcb, s_vct, s_vsb, s_vst,
-            ROTATE_V, False, HALF, HEAD_DIM, INTERLEAVED, BLOCK_HALF, BLOCK_PASS,
+    for start in range(0, n_full, BLOCK_N):
+        dq = _dq_step(
+            q, doa, doc, dop, lse, delta, dq, k_base, v_base, s_kt, s_vt,
+            vc_ptr, vs_ptr, s_vcb, s_vct, s_vsb, s_vst, b, start, m_idx, q_len, k_len, qk_scale,
+            False, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, ROTATE_V,
+            CAUSAL, IEEE, UPCAST, BLOCK_N,
         )  # fmt: skip
-        s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
-        p = tl.math.exp2(s - lse[:, None])
-        if start >= n_full:  # key blocks across the causal edge or past Tk
-            p = tl.where(_visible(m_idx, n_idx, q_len, k_len, CAUSAL, True), p, 0.0)
-        dp = _dot(doa, tl.trans(va), IEEE, UPCAST) + _dot(doc, tl.trans(vc), IEEE, UPCAST)
-        if BLOCK_PASS > 0:
-            dp += _dot(dop, tl.trans(vp), IEEE, UPCAST)
-        ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(k.dtype), k, IEEE, UPCAST)
+    for start in range(n_full, hi, BLOCK_N):  # across the causal edge or Tk: masked
+        dq = _dq_step(
+            q, doa, doc, dop, lse, delta, dq, k_base, v_base, s_kt, s_vt,
+            vc_ptr, vs_ptr, s_vcb, s_vct, s_vsb, s_vst, b, start, m_idx, q_len, k_len, qk_scale,
+            True, HEAD_DIM, BLOCK_D, HALF, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, ROTATE_V,
+            CAUSAL, IEEE, UPCAST, BLOCK_N,
+        )  # fmt: skip
     rows = b * s_qgb + h * s_qgh + m_idx.to(tl.int64) * s_qgt
     tl.store(dq_ptr + rows[:, None] + d[None, :], (dq * scale).to(dq_ptr.dtype.element_ty),
              mask=m_mask[:, None] & d_mask)  # fmt: skip
