@@ -22,6 +22,9 @@ Notable features:
   decoding; GQA/MQA by reading kv head ``h // (Hq / Hkv)``; the dK/dV program of a kv head
   sums over its query heads, so no atomics.
 - The forward saves the log-sum-exp (base 2); the backward recomputes the probabilities.
+- Every loop is free of branches (Triton pipelines such loops): the tiles that need a mask
+  (across the causal edge, past the last key) run in a loop of their own, one ``*_step``
+  function serving both loops with a constexpr ``MASKED``.
 
 References: FlashAttention-2 (arXiv 2307.08691) and the Triton tutorial's fused attention, read
 for the loop structure and written anew here; RoVE (arXiv 2606.11275).
