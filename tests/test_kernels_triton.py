@@ -291,19 +291,20 @@ def _flash_layout(t: torch.Tensor) -> bool:
 def test_layer_keeps_flash_attention_layouts(pos, monkeypatch):
     """q, k, v reach SDPA in FlashAttention's layout (unrotated v as a view of the projection),
     and the gradient of its output comes back in it: no transposing copy around attention."""
-    import rove.layer
+    import rove.functional
     from rove.layer import RoveAttention
 
     seen: dict[str, torch.Tensor] = {}
+    sdpa = rove.functional.attend
 
     def attend(q, k, v, **kw):
         seen.update(q=q, k=k, v=v)
-        out = rove.functional.attend(q, k, v, **kw)
+        out = sdpa(q, k, v, **kw)
         out = out.transpose(1, 2).contiguous().transpose(1, 2)  # FlashAttention writes O so
         out.register_hook(lambda g: seen.setdefault("dO", g))
         return out
 
-    monkeypatch.setattr(rove.layer, "attend", attend)
+    monkeypatch.setattr(rove.functional, "attend", attend)  # (the SDPA path: "auto" on CPU)
     layer = RoveAttention(H * D, H, 2, pos=pos, rotary=Rotary(D, 8)).to(DEVICE)
     with use_backend("triton"):
         layer(randn(B, T, H * D)).square().sum().backward()

@@ -20,6 +20,10 @@ v), ``rove.layer.RoveAttention`` (a fused QKV projection and a KV cache) and ``r
 6. ``attend``: plain SDPA, GQA included;
 7. ``unrotate``: RoVE's ``R_(-p_i)`` on the output.
 
+``attend_unrotate`` is steps 6 and 7 (and optionally RoVE's value rotation) in one call: under
+RoVE it runs the fused Triton attention kernel where that fits (``rove.kernels.dispatch``), which
+rotates values and outputs on their way through the kernel, and steps 6 and 7 elsewhere.
+
 Steps 1 to 3 depend on the positions and documents only: ``attention_inputs`` makes them once
 per forward as ``AttentionInputs``, which a model hands to every layer, with the smooth
 conversion's fraction a and its V/O tables (``fraction_tables``); ``rotate_values`` rotates V
@@ -60,6 +64,7 @@ __all__ = [
     "Positions",
     "RotarySpec",
     "attend",
+    "attend_unrotate",
     "attention",
     "attention_inputs",
     "check_fraction",
@@ -534,6 +539,46 @@ def unrotate(
     return out.transpose(1, 2).flatten(2) if merge_heads else out
 
 
+def attend_unrotate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    mask: torch.Tensor | None,
+    tables: Tables | None,
+    rotary: RotarySpec | None,
+    v_tables: Tables | None = None,
+    merge_heads: bool = True,
+) -> torch.Tensor:
+    """Steps 6 and 7 at once: ``unrotate(attend(q, k, v), tables)``, merged as
+    ``(B, Tq, Hq * D)`` (``merge_heads=False``: ``(B, Hq, Tq, D)``).
+
+    ``tables``: the output's V/O ``R_(-p_i)`` tables at the query positions (None: nothing to
+    un-rotate, as in ``unrotate``). With them, one fused Triton kernel runs where it fits
+    (``kernels.fused_attention_fits``: CUDA, head dim 64 or 128, no ``mask``;
+    ``kernels.use_attention_kernel`` forces either way). ``v_tables``: ``v`` is unrotated and
+    turned by these tables (at the key positions) first, inside the kernel when it runs; without
+    them ``v`` is already rotated (by step 4, or read from a KV cache).
+    """
+    if tables is not None:
+        (cos, sin), conv = _rotating("rove", tables, rotary)
+        every = (cos, sin) + (() if v_tables is None else tuple(v_tables))
+        if kernels.fused_attention_fits(q, k, v, causal=causal, mask=mask, tables=every):
+            merged = kernels.fused_attention(
+                q, k, v, scale=scale, causal=causal, v_tables=v_tables, o_tables=(cos, sin),
+                convention=conv,
+            )  # fmt: skip
+            return merged if merge_heads else merged.unflatten(2, (q.shape[1], -1)).transpose(1, 2)
+        if v_tables is not None:
+            v = kernels.rotate(v, *v_tables, convention=conv)
+    elif v_tables is not None:
+        raise ValueError("v_tables rotate RoVE's values; without output tables none rotate")
+    out = attend(q, k, v, causal=causal, scale=scale, mask=mask)  # (B, Hq, Tq, D)
+    return unrotate(out, tables, rotary=rotary, merge_heads=merge_heads)
+
+
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t is None:
@@ -625,8 +670,13 @@ def attention(
     k_tab: Tables | None = None
     if rotary is not None and pos != "nope":
         q_tab, k_tab = position_tables(rotary, q.dtype, q_at, k_at)
-    q, k, v = rotate_separate(q, k, v, q_tab, k_tab, pos=pos, rotary=rotary)
+    # RoVE's values are rotated with the attention (in the fused kernel when it runs)
+    qk_pos: Pos = "rope" if pos == "rove" else pos
+    q, k, v = rotate_separate(q, k, v, q_tab, k_tab, pos=qk_pos, rotary=rotary)
     if scale is None:
         q, scale = logit_temperature(q, rotary, pos)
-    out = attend(q, k, v, causal=causal, scale=scale, mask=mask)
-    return unrotate(out, q_tab if pos == "rove" else None, rotary=rotary)
+    rove = pos == "rove"
+    return attend_unrotate(
+        q, k, v, causal=causal, scale=scale, mask=mask, tables=q_tab if rove else None,
+        rotary=rotary, v_tables=k_tab if rove else None, merge_heads=False,
+    )  # fmt: skip

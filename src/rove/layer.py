@@ -2,7 +2,8 @@
 
 The forward of ``rove.functional`` (read its docstring for the math and the steps) on a fused QKV
 projection: on CUDA one Triton launch splits, rotates and transposes q, k and v, and one writes
-the un-rotated output as the out-projection's input; attention itself is ``torch`` SDPA.
+the un-rotated output as the out-projection's input; attention itself is ``torch`` SDPA, or under
+RoVE one fused Triton kernel that also un-rotates the output (``rove.functional.attend_unrotate``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from rove.functional import (
     AttentionInputs,
     Pos,
     RotarySpec,
-    attend,
+    attend_unrotate,
     attention_inputs,
     check_pos,
     logit_temperature,
     rotary_for,
     rotate_qkv,
     rotate_values,
-    unrotate,
 )
 from rove.kv_cache import KVCache
 from rove.rotary import Rotary
@@ -142,8 +142,10 @@ class RoveAttention(nn.Module):
         v = rotate_values(v, inputs, self.rotary)  # R_(a p_j) where step 4 left it (0 < a < 1)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        out = attend(q, k, v, causal=self.causal, scale=scale, mask=inputs.mask)  # (B, Hq, T, D)
-        merged = unrotate(out, inputs.vo_tables, rotary=self.rotary, merge_heads=True)
+        merged = attend_unrotate(  # (B, T, Hq * D); RoVE in one fused kernel where it fits
+            q, k, v, causal=self.causal, scale=scale, mask=inputs.mask,
+            tables=inputs.vo_tables, rotary=self.rotary,
+        )  # fmt: skip
         return self.proj(merged)  # merged: (B, T, Hq * D)
 
     def build_inputs(

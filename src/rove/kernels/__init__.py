@@ -1,11 +1,16 @@
-"""Rotation kernels: fused Triton on CUDA, pure torch on CPU, behind one dispatching call each."""
+"""Rotation kernels and RoVE's fused attention: Triton on CUDA, pure torch / SDPA on CPU, behind one
+dispatching call each."""
 
 from rove.kernels.dispatch import (
+    ATTENTION_KERNELS,
     BACKENDS,
+    fused_attention,
+    fused_attention_fits,
     rotate,
     rotate_qkv,
     triton_available,
     unrotate_merge_heads,
+    use_attention_kernel,
     use_backend,
 )
 from rove.kernels.torch_rotary import (
@@ -16,7 +21,10 @@ from rove.kernels.torch_rotary import (
 )
 
 __all__ = [
+    "ATTENTION_KERNELS",
     "BACKENDS",
+    "fused_attention",
+    "fused_attention_fits",
     "heads_view",
     "rotate",
     "rotate_qkv",
@@ -25,5 +33,6 @@ __all__ = [
     "triton_available",
     "unrotate_merge_heads",
     "unrotate_merge_heads_torch",
+    "use_attention_kernel",
     "use_backend",
 ]

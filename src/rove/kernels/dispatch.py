@@ -1,8 +1,14 @@
-"""Backend choice for the rotations: fused Triton kernels on CUDA, pure torch elsewhere.
+"""Backend choice for the rotations: fused Triton kernels on CUDA, pure torch elsewhere; and for
+RoVE's attention: the fused RoVE attention kernel where it fits, else rotations around SDPA.
 
 The choice is made per call from the tensor's device, unless forced with ``use_backend`` (tests
 use it to run the Triton path under ``TRITON_INTERPRET=1`` on CPU, benchmarks to compare both).
-Every backend exposes the same call, so model code never branches.
+Every backend exposes the same call, so model code never branches. The attention kernel has a
+switch of its own, ``use_attention_kernel`` (or ``ROVE_ATTENTION``): ``"auto"`` takes it on CUDA
+for head dims 64 and 128 (the sizes its tiles are laid out for) and 16 or more queries (not for
+decoding steps) unless ``use_backend("torch")`` is in force, ``"fused"`` wherever it can run
+(any even head dim; CPU tensors under ``TRITON_INTERPRET=1``), ``"sdpa"`` never. Neither runs it
+with an explicit mask (packed documents): the kernel knows causality only.
 
 Whether Triton is installed is resolved once, at import: the choice runs inside every traced
 layer, and ``torch.compile`` must see only constants there (torch 2.11's dynamo cannot trace
@@ -23,12 +29,16 @@ from rove.kernels.torch_rotary import rotate_qkv_torch, rotate_torch, unrotate_m
 from rove.rotation import Convention
 
 __all__ = [
+    "ATTENTION_KERNELS",
     "BACKENDS",
     "check_tables",
+    "fused_attention",
+    "fused_attention_fits",
     "rotate",
     "rotate_qkv",
     "triton_available",
     "unrotate_merge_heads",
+    "use_attention_kernel",
     "use_backend",
 ]
 
@@ -36,6 +46,11 @@ BACKENDS = ("auto", "torch", "triton")
 _backend = os.environ.get("ROVE_KERNELS", "auto")
 _TRITON = importlib.util.find_spec("triton") is not None
 _TRITON_DEVICES = ("cuda",)  # where "auto" picks the kernels (tests stand the CPU in for CUDA)
+ATTENTION_KERNELS = ("auto", "fused", "sdpa")
+_attention_kernel = os.environ.get("ROVE_ATTENTION", "auto")
+_FUSED_HEAD_DIMS = (64, 128)  # "auto" only: the tile sizes are chosen for these
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FUSED_MIN_QUERIES = 16  # "auto" only
 
 
 def triton_available() -> bool:
@@ -168,3 +183,91 @@ def unrotate_merge_heads(
 
         return unrotate_merge_heads_triton(o, cos, sin, convention=convention)
     return unrotate_merge_heads_torch(o, cos, sin, convention=convention)
+
+
+@contextlib.contextmanager
+def use_attention_kernel(name: str) -> Iterator[None]:
+    """Force RoVE's attention onto the fused kernel (``"fused"``), onto SDPA with separate
+    rotations (``"sdpa"``), or let the shapes decide (``"auto"``) inside the block."""
+    global _attention_kernel
+    if name not in ATTENTION_KERNELS:
+        raise ValueError(f"unknown attention kernel {name!r}; choose one of {ATTENTION_KERNELS}")
+    if name == "fused" and not triton_available():
+        raise RuntimeError(str(missing_extra("the fused attention kernel", "triton")))
+    previous, _attention_kernel = _attention_kernel, name
+    try:
+        yield
+    finally:
+        _attention_kernel = previous
+
+
+def fused_attention_fits(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    mask: torch.Tensor | None,
+    tables: tuple[torch.Tensor, ...],
+) -> bool:
+    """Whether RoVE attention on these ``(B, H, T, D)`` tensors takes the fused kernel.
+
+    Never with a mask, learned (``requires_grad``) tables, float64, or shapes SDPA rejects with
+    a clearer error (``Tq > Tk`` causal, no keys); under ``"auto"`` only on CUDA, for head
+    dims 64 and 128 and at least 16 queries (not for decoding steps), and not while
+    ``use_backend("torch")`` asks for the pure-torch path.
+    """
+    if _attention_kernel == "sdpa" or not _TRITON or mask is not None:
+        return False
+    if any(t.requires_grad for t in tables) or q.dtype not in _FUSED_DTYPES:
+        return False
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape or q.shape[-1] % 2:
+        return False
+    if any(t.stride(-1) != 1 for t in (q, k, v)):  # the kernel reads whole channel runs
+        return False
+    q_len, k_len = q.shape[2], k.shape[2]
+    if k_len == 0 or (causal and q_len > k_len):
+        return False
+    if _attention_kernel == "fused":
+        return True
+    if _backend == "torch":  # the pure-torch path asked for: no Triton anywhere
+        return False
+    # decoding steps (a few queries) stay on SDPA: their separate rotations touch a few rows,
+    # and the kernel's 128-row query tiles would be mostly padding
+    return (
+        q.device.type in _TRITON_DEVICES
+        and q.shape[-1] in _FUSED_HEAD_DIMS
+        and q_len >= _FUSED_MIN_QUERIES
+    )
+
+
+def fused_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool,
+    v_tables: tuple[torch.Tensor, torch.Tensor] | None,
+    o_tables: tuple[torch.Tensor, torch.Tensor] | None,
+    convention: Convention = "half",
+) -> torch.Tensor:
+    """The fused kernel (see ``rove.kernels.triton_attention_ops.fused_attention_triton``): RoVE
+    attention merged as ``(B, Tq, Hq * D)``; tables broadcast-checked as for the rotations."""
+    bsz = q.shape[0]
+    if v_tables is not None:
+        v_tables = check_tables(*v_tables, bsz, k.shape[2])
+    if o_tables is not None:
+        o_tables = check_tables(*o_tables, bsz, q.shape[2])
+    from rove.kernels.triton_attention_ops import fused_attention_triton
+
+    return fused_attention_triton(
+        q,
+        k,
+        v,
+        scale=scale,
+        causal=causal,
+        v_tables=v_tables,
+        o_tables=o_tables,
+        convention=convention,
+    )
