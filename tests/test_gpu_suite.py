@@ -247,7 +247,7 @@ def test_one_duration_everywhere():
     root = BENCH.parent
     places = {
         "gpu_suite.py": gpu_suite.__doc__,
-        "README.md": _section(root / "README.md", "gpu_suite.py"),
+        "docs/library.md": _section(root / "docs" / "library.md", "gpu_suite.py"),
         "benchmarks/README.md": _section(BENCH / "README.md", "## The GPU suite on the device"),
         "docs/training.md": _section(root / "docs" / "training.md", "### GPU suite"),
     }
