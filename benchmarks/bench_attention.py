@@ -128,9 +128,12 @@ def fused_attention_rows(
     import time as clock
 
     from rove.kernels import triton_available
+    from rove.kernels.dispatch import OLD_INTERPRETER
 
     if not triton_available():
         raise NotImplementedError("triton is not installed")
+    if OLD_INTERPRETER:
+        raise NotImplementedError("triton < 3.7's interpreter cannot run the fused kernel's loops")
     from rove.kernels.triton_attention_ops import fused_attention_triton
     from rove.kernels.triton_kernels import INTERPRETED
 

@@ -18,6 +18,7 @@ layer, and ``torch.compile`` must see only constants there (torch 2.11's dynamo 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -45,7 +46,20 @@ __all__ = [
 BACKENDS = ("auto", "torch", "triton")
 _backend = os.environ.get("ROVE_KERNELS", "auto")
 _TRITON = importlib.util.find_spec("triton") is not None
-_TRITON_DEVICES = ("cuda",)  # where "auto" picks the kernels (tests stand the CPU in for CUDA)
+_TRITON_DEVICES = ("cuda",)
+
+
+def _old_interpreter() -> bool:
+    """Triton's interpreter before 3.7 (the GPU image's 3.6) gives ``tl.program_id`` a shape
+    (1,) value that ``range`` cannot take as a bound, and the fused attention kernel's loops are
+    bounded by it: there the kernel cannot run (compiled, on a GPU, it is unaffected)."""
+    if not _TRITON or os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    major, minor = (int(x) for x in importlib.metadata.version("triton").split(".")[:2])
+    return (major, minor) < (3, 7)
+
+
+OLD_INTERPRETER = _old_interpreter()  # resolved once, at import (like _TRITON)  # where "auto" picks the kernels (tests stand the CPU in for CUDA)
 ATTENTION_KERNELS = ("auto", "fused", "sdpa")
 _attention_kernel = os.environ.get("ROVE_ATTENTION", "auto")
 _FUSED_HEAD_DIMS = (64, 128)  # "auto" only: the tile sizes are chosen for these
@@ -217,7 +231,7 @@ def fused_attention_fits(
     dims 64 and 128 and at least 16 queries (not for decoding steps), and not while
     ``use_backend("torch")`` asks for the pure-torch path.
     """
-    if _attention_kernel == "sdpa" or not _TRITON or mask is not None:
+    if _attention_kernel == "sdpa" or not _TRITON or OLD_INTERPRETER or mask is not None:
         return False
     if any(t.requires_grad for t in tables) or q.dtype not in _FUSED_DTYPES:
         return False
